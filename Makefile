@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Both set up first (idempotent).
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: setup demo test lint typecheck unit bench base-model clean
+
+setup:
+	bash launch/setup_env.sh
+
+demo: setup
+	$(BIN)/megatron-rl train configs/demo_cpu.yaml
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck:
+	$(BIN)/mypy
+
+unit:
+	$(BIN)/python -m pytest -q -ra
+
+test: setup lint typecheck unit
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+# Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
+base-model: setup
+	$(BIN)/megatron-rl sft configs/base_sft.yaml
+
+clean:
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

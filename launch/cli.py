@@ -1,0 +1,64 @@
+"""The ``megatron-rl`` command line.
+
+Each subcommand is one module in ``launch/commands/`` exposing ``HELP`` (one line),
+``add_arguments(parser)`` and ``main(args) -> int``. Modules are found by name, so adding a
+subcommand is adding a file. User errors (``ValueError``) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+import launch.commands as commands_pkg
+
+
+def _command_modules() -> dict[str, str]:
+    names = {}
+    for info in pkgutil.iter_modules(commands_pkg.__path__):
+        if not info.name.startswith("_"):
+            names[info.name.replace("_", "-")] = f"launch.commands.{info.name}"
+    return dict(sorted(names.items()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-rl",
+        description="RL post-training with verifiable rewards on Megatron-core.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in _command_modules().items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_main=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not getattr(args, "_main", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._main(args) or 0)
+    except ValueError as e:
+        print(f"megatron-rl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"megatron-rl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""One root config for a run: typed dataclasses, loaded from YAML plus dotted overrides.
+
+Every component owns its dataclass in its own package (``megatron_rl/<part>/config.py``); this
+module nests them into :class:`RunConfig` and provides the single loading/validation pass:
+
+    cfg = load_config("configs/demo_cpu.yaml", ["train.lr=1e-5", "parallel.tp=2"])
+
+Errors are ``ValueError`` with the dotted key, the bad value and what is allowed. Component
+dataclasses may define ``validate(self) -> None`` for cross-field checks; it is called once,
+bottom-up, after the whole tree is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from megatron_rl.domains.config import DomainsConfig
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.rewards.config import RewardsConfig
+from megatron_rl.rollout.config import RolloutConfig
+from megatron_rl.scheduler.config import SchedulerConfig
+from megatron_rl.tracking.config import TrackingConfig
+from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """The whole run. Sections map one-to-one onto the moving parts of the loop."""
+
+    run_name: str = "run"  # name of the run; the run directory is <output_dir>/<run_name>
+    output_dir: str = "runs"  # parent folder of run directories
+    seed: int = 1234  # global seed (data order, sampling, init)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # policy architecture
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)  # TP/PP/CP/DP
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # optimizer and steps
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # supervised fine-tuning
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)  # GRPO-family loss/advantages
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engines
+    domains: DomainsConfig = dataclasses.field(default_factory=DomainsConfig)  # task domains
+    rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)  # verifiers
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)  # domain mix
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)  # W&B, jsonl
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+# ----------------------------------------------------------------------------------------------
+# generic dataclass <-> dict machinery
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML/CLI value to the annotated type ``tp`` or raise a ValueError naming key."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        errors = []
+        for a in args:
+            try:
+                return _coerce(value, a, key)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"{key}={value!r} does not match any of {[_type_name(a) for a in args]}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key} must be a list, got {value!r}")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be a mapping, got {value!r}")
+        kt, vt = get_args(tp) or (Any, Any)
+        return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict; unknown keys raise with the allowed ones."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ValueError(
+            f"unknown config key {where}{unknown[0]!r}; allowed keys"
+            f"{' under ' + prefix if prefix else ''}: {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain nested dict of a config (for YAML, checkpoints and W&B)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def validate(obj: Any, prefix: str = "") -> None:
+    """Run every nested ``validate()`` (children first); re-raise with the section name."""
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return
+    for f in dataclasses.fields(obj):
+        validate(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if not prefix or msg.startswith(prefix) else f"{prefix}: {msg}")
+
+
+def _parse_scalar(text: str) -> Any:
+    """CLI override values are parsed as YAML scalars (1e-5, true, [a, b], null)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    # YAML 1.1 reads "1e-5" as a string; accept it as a float.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict in place and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        dotted, raw = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        node = data
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"override {dotted}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config (optional), apply dotted overrides, build and validate it once."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(p)!r} must hold a mapping at the top level")
+        data = loaded or {}
+    apply_overrides(data, overrides or [])
+    cfg = from_dict(RunConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (every run directory and checkpoint holds one)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,91 @@
+"""Optimizer, SFT, RL-loss and checkpoint settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer and step counts shared by SFT and RL."""
+
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 0.0  # floor of the cosine decay
+    warmup_steps: int = 0  # linear warm-up, optimizer steps
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # decay after warm-up
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.95  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip: float = 1.0  # max global grad norm (0: off)
+    steps: int = 100  # optimizer steps in the run
+    micro_batch_tokens: int = 4096  # token budget of one packed micro-batch (training pass)
+    logprob_micro_batch_tokens: int = 8192  # token budget of one micro-batch (log-prob pass)
+    threads: int = 0  # torch CPU threads (0: all cores)
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"train.lr must be > 0, got {self.lr}")
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.micro_batch_tokens <= 0:
+            raise ValueError(f"train.micro_batch_tokens must be > 0, got {self.micro_batch_tokens}")
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on prompt/response pairs (loss on response tokens only)."""
+
+    data: str = "reasoning_gym"  # 'reasoning_gym' (generated) or a JSONL path {prompt, response}
+    tasks: list[str] = field(default_factory=list)  # reasoning-gym generators to train on
+    samples_per_task: int = 2000  # generated training pairs per task
+    eval_samples_per_task: int = 100  # held-out pairs per task for accuracy
+    batch_size: int = 32  # sequences per optimizer step
+    eval_every: int = 0  # steps between held-out evals (0: only at the end)
+
+
+@dataclass
+class RLConfig:
+    """GRPO-family objective: advantages, clipped policy loss, KL, entropy, IS correction."""
+
+    group_size: int = 8  # completions per prompt (n)
+    prompts_per_step: int = 16  # groups per optimizer step
+    advantage: Literal["grpo", "drgrpo", "rloo", "passthrough"] = "grpo"  # estimator
+    clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
+    clip_high: float = 0.28  # ratio upper clip: 1 + clip_high (clip-higher)
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None: off)
+    loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
+    kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator
+    kl_in_reward: bool = False  # apply KL as a reward penalty instead of a loss term
+    entropy_coef: float = 0.0  # entropy bonus weight
+    tis_cap: float | None = 2.0  # truncated importance sampling cap on pi_train/pi_rollout
+    off_policy: bool = False  # overlap generation of step t+1 with training of step t
+    max_staleness: int = 1  # max policy versions a sample may lag when off_policy is on
+    eval_every: int = 10  # steps between held-out evals
+    eval_samples_per_domain: int = 64  # held-out tasks per domain per eval
+
+    def validate(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"rl.group_size must be >= 1, got {self.group_size}")
+        if self.prompts_per_step < 1:
+            raise ValueError(f"rl.prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
+            raise ValueError(
+                f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0, "
+                f"got {self.clip_low}, {self.clip_high}"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"rl.dual_clip must be > 1 or null, got {self.dual_clip}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"rl.tis_cap must be > 0 or null, got {self.tis_cap}")
+
+
+@dataclass
+class CheckpointConfig:
+    """When and where checkpoints are written; resume is automatic from the run directory."""
+
+    every: int = 10  # optimizer steps between checkpoints (0: only at the end)
+    keep: int = 2  # most recent checkpoints kept
+    resume: bool = True  # resume from the newest checkpoint in the run directory if present

@@ -1,0 +1,37 @@
+"""Task domains: the API the RL loop consumes (tasks + verifiers), discovered via entry points.
+
+    from megatron_rl.domains import load_domains
+    domains = load_domains(include=["rg/basic_arithmetic@*", "math/*"])
+    d = domains["math/linear_equation"]
+    task = d.task("train", index=0, level=1, seed=0)
+    result = d.verify(task, "<answer>3/2</answer>")  # never raises
+
+See docs/domains.md.
+"""
+
+from megatron_rl.domains.base import (
+    Domain,
+    Env,
+    Observation,
+    Task,
+    VerifyResult,
+    extract_answer,
+    split_of,
+)
+from megatron_rl.domains.registry import PluginError, load_domains, registry
+from megatron_rl.domains.reward import RewardWeights, compose_reward
+
+__all__ = [
+    "Domain",
+    "Env",
+    "Observation",
+    "PluginError",
+    "RewardWeights",
+    "Task",
+    "VerifyResult",
+    "compose_reward",
+    "extract_answer",
+    "load_domains",
+    "registry",
+    "split_of",
+]

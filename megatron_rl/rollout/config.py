@@ -7,6 +7,33 @@ from typing import Literal
 
 
 @dataclass
+class SGLangConfig:
+    """The SGLang client (engine 'sglang'): talks to the router or server at rollout.urls[0]."""
+
+    max_concurrency: int = 64  # most HTTP requests in flight at once (one per sample)
+    max_retries: int = 8  # attempts after the first for a failed request (dead server, 5xx)
+    retry_backoff_s: float = 0.2  # first back-off before a retry, seconds; doubles each attempt
+    retry_max_backoff_s: float = 5.0  # back-off cap, seconds
+    connect_timeout_s: float = 10.0  # TCP connect timeout per request, seconds
+    health_timeout_s: float = 60.0  # how long to wait for the router to report a healthy worker
+    weight_sync: Literal["disk", "distributed"] = "disk"  # safetensors on shared disk, or NCCL
+    bucket_mb: int = 512  # distributed sync: tensors per broadcast bucket, MiB
+    master_addr: str = ""  # distributed sync: address of trainer rank 0 ('' -> this host)
+    master_port: int = 29600  # distributed sync: TCP port of the weight-update process group
+    engine_tp: int = 1  # distributed sync: GPUs (ranks) per SGLang server
+
+    def validate(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.retry_backoff_s < 0 or self.retry_max_backoff_s < self.retry_backoff_s:
+            raise ValueError("need 0 <= retry_backoff_s <= retry_max_backoff_s")
+        if self.bucket_mb < 1:
+            raise ValueError(f"bucket_mb must be >= 1, got {self.bucket_mb}")
+
+
+@dataclass
 class RolloutConfig:
     """Which engine generates completions, and how."""
 
@@ -19,9 +46,11 @@ class RolloutConfig:
     sync_dir: str | None = None  # where HF-layout weights are written for disk sync (None: run dir)
     dtype: Literal["float32", "bfloat16"] = "float32"  # engine compute dtype
     max_batch: int = 256  # most sequences the engine decodes at once
-    kv_cache_gb: float = 2.0  # vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_gb: float = 2.0  # vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB (whole)
+    gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of GPU memory it may take
     urls: list[str] = field(default_factory=list)  # router/server URLs for remote engines
     request_timeout_s: float = 300.0  # per HTTP request, remote engines
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)  # remote SGLang client
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
@@ -30,5 +59,10 @@ class RolloutConfig:
             raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if not (0 < self.gpu_memory_utilization <= 1):
+            raise ValueError(
+                f"rollout.gpu_memory_utilization must be in (0, 1], "
+                f"got {self.gpu_memory_utilization}"
+            )
         if self.sync_every < 1:
             raise ValueError(f"rollout.sync_every must be >= 1, got {self.sync_every}")

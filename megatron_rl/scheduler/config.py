@@ -1,16 +1,148 @@
-"""Domain scheduler settings."""
+"""Domain scheduler settings.
+
+Every knob of the mix, temperature, curriculum, zero-variance filter and seesaw guard lives
+here. ``validate()`` checks what can be checked without the domain list; checks that need it
+(floor * n_domains <= 1, weight patterns that match no domain) run when
+:class:`~megatron_rl.scheduler.DomainScheduler` is built, also as ``ValueError``.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+TIERS = ("core", "long_tail")
+TEMPERATURE_ADAPT = ("none", "entropy", "diversity")
 
 
 @dataclass
 class SchedulerConfig:
-    """How the per-step task mix is chosen across domains."""
+    """How the per-step task mix, temperatures and difficulty levels are chosen across domains."""
 
-    policy: str = "uniform"  # registered mix policy: 'uniform', 'static', ...
-    weights: dict[str, float] = field(default_factory=dict)  # static weights per domain/glob
-    floor: float = 0.0  # minimum share of groups each domain keeps
+    # --- mix -----------------------------------------------------------------------------
+    policy: str = "uniform"  # registered mix policy: uniform, static, learning_progress, ...
+    weights: dict[str, float] = field(default_factory=dict)  # static: share per name/glob, sum 1
+    tier_weights: dict[str, float] = field(default_factory=dict)  # static: share per tier, sum 1
+    floor: float = 0.0  # minimum share of groups every domain keeps (fraction of the batch)
+    # --- statistics ------------------------------------------------------------------------
+    pass_threshold: float = 0.5  # a reward >= this counts as a pass (reward units)
+    ema_decay: float = 0.9  # per-group decay of a domain's running stats (memory ~1/(1-d) groups)
+    prior_strength: float = 2.0  # pseudo-samples at pass rate 0.5 (shrinks small-sample rates)
+    # --- learning-progress policy ------------------------------------------------------------
+    lp_fast: float = 0.3  # per-group EMA rate of the fast pass-rate average
+    lp_slow: float = 0.05  # per-group EMA rate of the slow pass-rate average
+    lp_explore: float = 0.05  # UCB bonus coefficient for rarely sampled domains (pass-rate units)
+    # --- target-difficulty policy ------------------------------------------------------------
+    target_low: float = 0.2  # lower edge of the informative pass-rate band
+    target_high: float = 0.8  # upper edge of the informative pass-rate band
+    target_min_score: float = 0.05  # score of a domain at pass rate 0 or 1 (relative to in-band)
+    confidence_z: float = 1.0  # standard errors used for optimistic/lower bounds on pass rates
+    # --- temperature -------------------------------------------------------------------------
+    temperature: float = 1.0  # sampling temperature a domain starts at
+    temperature_end: float = 1.0  # temperature after temperature_anneal_groups groups
+    temperature_anneal_groups: int = 0  # groups of one domain to go start -> end (0: constant)
+    temperature_min: float = 0.3  # lower bound on every domain's temperature
+    temperature_max: float = 1.5  # upper bound on every domain's temperature
+    temperature_adapt: str = "none"  # 'none', 'entropy' (nats/token) or 'diversity' adaptation
+    temperature_target: float = 0.0  # target entropy (nats/token) or nonzero-variance group share
+    temperature_adapt_rate: float = 0.05  # log-temperature change per step per unit rel. error
+    # --- curriculum --------------------------------------------------------------------------
+    curriculum: bool = False  # promote/demote difficulty levels per domain
+    promote_threshold: float = 0.8  # promote when the pass rate's lower bound is above this
+    demote_threshold: float = 0.1  # demote when the pass rate's upper bound is below this
+    curriculum_min_samples: int = 64  # samples at the current level before a level change
+    # --- zero-variance filter ------------------------------------------------------------------
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal and refill
-    oversample: float = 1.0  # factor of extra groups generated to refill filtered ones
+    oversample: float = 1.0  # generated / trained groups when filtering (extras refill drops)
+    # --- seesaw guard --------------------------------------------------------------------------
+    seesaw: bool = False  # flag domains that fall below their best eval and boost them
+    seesaw_min_drop: float = 0.02  # smallest drop from the best eval score that counts (score)
+    seesaw_alpha: float = 0.05  # one-sided bootstrap significance of a regression
+    seesaw_bootstrap: int = 200  # bootstrap resamples per domain per eval sweep
+    seesaw_boost: float = 3.0  # weight multiplier of a flagged domain until it recovers
+    seesaw_temperature_scale: float = 1.0  # temperature multiplier of a flagged domain
+
+    def validate(self) -> None:
+        from megatron_rl.scheduler.policies import POLICIES
+
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"scheduler.policy={self.policy!r} is not registered; choose one of "
+                f"{sorted(POLICIES)}"
+            )
+        self._validate_weights()
+        if not 0.0 <= self.floor < 1.0:
+            raise ValueError(f"scheduler.floor={self.floor} must be in [0, 1)")
+        self._validate_temperatures()
+        self._validate_ranges()
+
+    def _validate_weights(self) -> None:
+        if self.weights and self.tier_weights:
+            raise ValueError("scheduler: set weights or tier_weights, not both")
+        for key, table in (("weights", self.weights), ("tier_weights", self.tier_weights)):
+            if not table:
+                continue
+            bad = {k: v for k, v in table.items() if v < 0 or not math.isfinite(v)}
+            if bad:
+                raise ValueError(f"scheduler.{key} must be finite and >= 0, got {bad}")
+            total = sum(table.values())
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"scheduler.{key} must sum to 1, got {total:.6g} from {table}")
+        unknown = sorted(set(self.tier_weights) - set(TIERS))
+        if unknown:
+            raise ValueError(
+                f"scheduler.tier_weights has unknown tier {unknown[0]!r}; tiers: {list(TIERS)}"
+            )
+
+    def _validate_temperatures(self) -> None:
+        for key in ("temperature", "temperature_end", "temperature_min", "temperature_max"):
+            value = getattr(self, key)
+            if not value > 0:
+                raise ValueError(f"scheduler.{key}={value} must be > 0")
+        lo, hi = self.temperature_min, self.temperature_max
+        if lo > hi:
+            raise ValueError(f"scheduler.temperature_min={lo} is above temperature_max={hi}")
+        for key in ("temperature", "temperature_end"):
+            if not lo <= getattr(self, key) <= hi:
+                raise ValueError(
+                    f"scheduler.{key}={getattr(self, key)} is outside "
+                    f"[temperature_min, temperature_max] = [{lo}, {hi}]"
+                )
+        if self.temperature_adapt not in TEMPERATURE_ADAPT:
+            raise ValueError(
+                f"scheduler.temperature_adapt={self.temperature_adapt!r}; choose one of "
+                f"{list(TEMPERATURE_ADAPT)}"
+            )
+        if self.temperature_adapt != "none" and self.temperature_target <= 0:
+            raise ValueError("scheduler.temperature_target must be > 0 when adapting temperature")
+        if self.seesaw_temperature_scale <= 0:
+            raise ValueError("scheduler.seesaw_temperature_scale must be > 0")
+
+    def _validate_ranges(self) -> None:
+        unit = {
+            "ema_decay": self.ema_decay,
+            "lp_fast": self.lp_fast,
+            "lp_slow": self.lp_slow,
+            "seesaw_alpha": self.seesaw_alpha,
+        }
+        for key, value in unit.items():
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"scheduler.{key}={value} must be in (0, 1)")
+        if not 0.0 <= self.target_low < self.target_high <= 1.0:
+            raise ValueError(
+                f"scheduler: need 0 <= target_low < target_high <= 1, got "
+                f"{self.target_low}, {self.target_high}"
+            )
+        if not 0.0 <= self.demote_threshold < self.promote_threshold <= 1.0:
+            raise ValueError(
+                f"scheduler: need 0 <= demote_threshold < promote_threshold <= 1, got "
+                f"{self.demote_threshold}, {self.promote_threshold}"
+            )
+        if self.oversample < 1.0:
+            raise ValueError(f"scheduler.oversample={self.oversample} must be >= 1")
+        if self.seesaw_boost < 1.0:
+            raise ValueError(f"scheduler.seesaw_boost={self.seesaw_boost} must be >= 1")
+        if self.seesaw_bootstrap < 10:
+            raise ValueError(f"scheduler.seesaw_bootstrap={self.seesaw_bootstrap} must be >= 10")
+        if self.prior_strength <= 0:
+            raise ValueError(f"scheduler.prior_strength={self.prior_strength} must be > 0")

@@ -1,0 +1,113 @@
+"""``megatron-rl domains``: list, show and check the installed task domains; export failures.
+
+    megatron-rl domains list [PATTERN...] [--json]
+    megatron-rl domains show NAME [--samples N] [--level L]
+    megatron-rl domains check [PATTERN...] [--samples N] [--sample-domains K]
+    megatron-rl domains export-failures RUN_DIR [--out FILE]
+
+Plugin errors (a plugin that fails to import, duplicate names) are printed to stderr, naming the
+plugin; the other domains still work. ``check`` exits 1 on any contract failure or plugin error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+from megatron_rl.domains import load_domains, registry
+from megatron_rl.domains.contract import check_domain
+from megatron_rl.domains.jsonl import FAILURES_FILE, export_failures
+
+HELP = "list, show and check task domains; export held-out failures as a task set"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("list", help="list domains (name, family, tier, difficulty)")
+    p.add_argument("patterns", nargs="*", help="names or globs (default: all)")
+    p.add_argument("--json", action="store_true", help="one JSON array of domain entries")
+    p.add_argument("--task-file", action="append", default=[], help="extra JSONL task set")
+    p = sub.add_parser("show", help="sample tasks of one domain with gold and verdict")
+    p.add_argument("name")
+    p.add_argument("--samples", type=int, default=3, help="tasks to show")
+    p.add_argument("--level", type=int, default=None, help="difficulty level (default: easiest)")
+    p.add_argument("--split", choices=["train", "eval"], default="train")
+    p.add_argument("--task-file", action="append", default=[], help="extra JSONL task set")
+    p = sub.add_parser("check", help="run the domain contract")
+    p.add_argument("patterns", nargs="*", help="names or globs (default: all)")
+    p.add_argument("--samples", type=int, default=2, help="task indices per split and level")
+    p.add_argument("--sample-domains", type=int, default=0, help="check K random domains (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="task seed and domain sampling seed")
+    p.add_argument("--task-file", action="append", default=[], help="extra JSONL task set")
+    p = sub.add_parser("export-failures", help=f"RUN_DIR/{FAILURES_FILE} -> JSONL task set")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="output file (default: RUN_DIR/failures.jsonl)")
+    p.add_argument("--threshold", type=float, default=1.0, help="scores below this are failures")
+
+
+def _report_plugin_errors() -> int:
+    errors = registry().errors
+    for err in errors:
+        print(f"error: {err}", file=sys.stderr)
+    return len(errors)
+
+
+def _list(args: argparse.Namespace) -> int:
+    domains = load_domains(args.patterns or None, task_files=args.task_file)
+    _report_plugin_errors()
+    entries = [d.describe() for d in domains.values()]
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    for e in entries:
+        levels = f"{e['difficulty'][0]}-{e['difficulty'][1]}"
+        print(f"{e['name']:40s} {e['family']:13s} {e['tier']:9s} levels {levels}")
+    families = sorted({e["family"] for e in entries})
+    print(f"{len(entries)} domains in {len(families)} families: {', '.join(families)}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    d = load_domains([args.name], task_files=args.task_file)[args.name]
+    print(json.dumps(d.describe()))
+    for i in range(args.samples):
+        task = d.task(args.split, i, args.level, seed=0)
+        verdict = d.verify(task, task.gold)
+        prompt = task.prompt if len(task.prompt) < 1500 else task.prompt[:1500] + " [...]"
+        print(f"\n--- {task.id} (level {task.level})\nPROMPT: {prompt}\nGOLD: {task.gold}")
+        print(f"VERDICT on gold: score={verdict.score} parsable={verdict.parsable} "
+              f"details={json.dumps(verdict.details, default=str)[:300]}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    domains = load_domains(args.patterns or None, task_files=args.task_file)
+    n_errors = _report_plugin_errors()
+    names = sorted(domains)
+    if args.sample_domains and args.sample_domains < len(names):
+        names = sorted(random.Random(args.seed).sample(names, args.sample_domains))
+    failed = 0
+    for name in names:
+        rep = check_domain(domains[name], samples=args.samples, seed=args.seed)
+        status = "ok  " if rep.ok else "FAIL"
+        print(f"{status} {name:40s} {rep.seconds:6.2f}s  max verify {rep.max_verify_s:.3f}s")
+        for f in rep.failures[:5]:
+            print(f"     - {f}")
+        failed += not rep.ok
+    print(f"{len(names) - failed}/{len(names)} domains pass the contract; "
+          f"{n_errors} plugin error(s)")
+    return 1 if failed or n_errors else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    out = args.out or f"{args.run_dir.rstrip('/')}/failures.jsonl"
+    n = export_failures(args.run_dir, out, args.threshold)
+    print(f"wrote {n} failing held-out task(s) to {out}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    actions = {"list": _list, "show": _show, "check": _check, "export-failures": _export}
+    return actions[args.action](args)

@@ -1,0 +1,101 @@
+"""``megatron-rl serve``: an SGLang-compatible HTTP server on top of a local rollout engine.
+
+The same client code that talks to SGLang servers on a GPU cluster talks to this server on a
+laptop or in CI (see :mod:`megatron_rl.rollout.server`). The engine is the vLLM CPU build by
+default; ``--engine hf`` is the lightest for tests. Settings come from ``--config`` (its
+``rollout`` section) plus dotted overrides, as for every other command.
+
+With ``--num-servers N`` it runs a whole node's fleet instead (:class:`launch.servers.Fleet`):
+N servers, sglang-router on ``--router-port`` (or registration with ``--router-url``), the
+``servers-<host>.json`` manifest in ``--run-dir``, and supervision (restart + re-add with the
+current weights) until SIGTERM. The Slurm scripts run this on every rollout node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+HELP = "serve SGLang's native HTTP API (/generate, weights, health) on a local engine"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF-layout model folder to serve")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (single server)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
+    parser.add_argument(
+        "--engine", default=None, help="engine name (default: the config's, else 'vllm')"
+    )
+    parser.add_argument("--config", default=None, help="run config YAML (its rollout section)")
+    parser.add_argument("--seed", type=int, default=None, help="engine seed (default: config's)")
+    fleet = parser.add_argument_group("fleet mode (several servers + router on this node)")
+    fleet.add_argument("--num-servers", type=int, default=None, help="servers on this node")
+    fleet.add_argument("--gpus-per-server", type=int, default=0, help="GPUs each (0: CPU)")
+    fleet.add_argument("--router-port", type=int, default=None, help="start the router here")
+    fleet.add_argument("--router-url", default=None, help="register with this router instead")
+    fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
+    fleet.add_argument("--health-timeout", type=float, default=300.0, help="seconds per server")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.dtype=float32")
+
+
+def main(args: argparse.Namespace) -> int:
+    from megatron_rl.config import load_config
+    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.server import serve
+
+    overrides = list(args.overrides)
+    if args.engine:
+        overrides.append(f"rollout.engine={args.engine}")
+    elif args.config is None:
+        overrides.append("rollout.engine=vllm")
+    cfg = load_config(args.config, overrides)
+    if cfg.rollout.engine == "sglang":
+        raise ValueError(
+            "megatron-rl serve needs a local engine ('vllm' or 'hf'), not 'sglang' "
+            "(that is the client of this server)"
+        )
+    if not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model!r} is not a folder")
+    if args.num_servers is not None:
+        return _serve_fleet(args, cfg.rollout.engine, cfg.rollout.sync_dir)
+    if args.port is None or not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535 (or use --num-servers), got {args.port}")
+    seed = cfg.seed if args.seed is None else args.seed
+    engine = build_engine(cfg.rollout, args.model, seed)
+    serve(engine, str(Path(args.model).resolve()), args.host, args.port, cfg.rollout.max_batch)
+    return 0
+
+
+def _serve_fleet(args: argparse.Namespace, engine: str, sync_dir: str | None) -> int:
+    from launch.servers import Fleet
+
+    if args.router_port is None and args.router_url is None:
+        raise ValueError("--num-servers needs --router-port (start a router) or --router-url")
+    fleet = Fleet(
+        args.run_dir,
+        str(Path(args.model).resolve()),
+        args.num_servers,
+        engine=engine,
+        gpus_per_server=args.gpus_per_server,
+        router_port=args.router_port,
+        router_url=args.router_url,
+        host=_reachable_host(),
+        health_timeout_s=args.health_timeout,
+        sync_dir=sync_dir,
+        server_args=[*(["--config", args.config] if args.config else []), *args.overrides],
+    )
+    with fleet:
+        log.info("fleet ready: %s", fleet.write_manifest())
+        fleet.supervise()
+    return 0
+
+
+def _reachable_host() -> str:
+    """This node's name as other nodes reach it (Slurm's node name when inside a job)."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

@@ -1,0 +1,21 @@
+"""``megatron-rl train CONFIG [key=value ...]``: the RL loop (resumes automatically)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "RL training (GRPO family) from verifiable rewards; re-run the same command to resume"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.group_size=8")
+
+
+def main(args: argparse.Namespace) -> int:
+    from megatron_rl.config import load_config
+    from megatron_rl.train.rl import train_rl
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train_rl(cfg)
+    return 0 if summary.get("completed", True) else 1

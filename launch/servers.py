@@ -1,0 +1,332 @@
+"""Start, watch and stop rollout servers and sglang-router: one :class:`Fleet` per node.
+
+A fleet is ``num_servers`` rollout servers on this node (SGLang on GPUs, the embedded
+``megatron-rl serve`` on CPUs) plus, optionally, the router in front. It
+
+1. starts every process in its own session, logging to ``<run_dir>/logs/<name>.log``;
+2. waits for each server's ``/health`` (bounded: ``ValueError`` naming the server and the tail of
+   its log when it exits or is not healthy in time) and registers it with the router through
+   ``POST /workers``; the router runs with retries disabled, so every retry is the client's
+   and is counted in its metrics;
+3. writes ``<run_dir>/servers.json``: role, host, port, URL, pid, GPUs and log of each process;
+4. :meth:`Fleet.supervise` (a loop; one pass is :meth:`Fleet.check`): a server that died is
+   removed from the router (``DELETE /workers/{id}``), restarted, brought to the current weights
+   (``<sync_dir>/current_weights.json`` written by the client after each sync) and re-added;
+5. :meth:`Fleet.stop` terminates everything by PID (SIGTERM to the process group, SIGKILL after
+   a grace period); the fleet is a context manager, so a failure anywhere stops it too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, str]:
+    """One blocking HTTP call; (status, text), status 0 when nothing answered."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+@dataclass
+class Proc:
+    """One launched process, as recorded in servers.json."""
+
+    name: str  # server-0, server-1, router
+    role: str  # "server" or "router"
+    host: str  # address others use to reach it
+    port: int  # its HTTP port
+    gpus: list[int]  # CUDA devices it owns ([] on CPU)
+    log: str  # its log file
+    pid: int = 0  # OS process id (0 before start)
+    restarts: int = 0  # times the supervisor restarted it
+    cmd: list[str] = field(default_factory=list)  # argv
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def tail(path: str, n: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Fleet:
+    """Rollout servers (+ router) of one node. See the module docstring."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model: str,
+        num_servers: int,
+        engine: str = "vllm",
+        gpus_per_server: int = 0,
+        router_port: int | None = None,
+        router_url: str | None = None,
+        host: str | None = None,
+        health_timeout_s: float = 300.0,
+        server_args: list[str] | None = None,
+        sync_dir: str | None = None,
+    ) -> None:
+        if num_servers < 0:
+            raise ValueError(f"num_servers must be >= 0, got {num_servers}")
+        self.run_dir = Path(run_dir)
+        self.model = model
+        self.engine = engine
+        self.health_timeout_s = health_timeout_s
+        self.server_args = server_args or []
+        self.sync_dir = Path(sync_dir) if sync_dir else self.run_dir / "rollout_weights"
+        self.host = host or "127.0.0.1"
+        self.logs = self.run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        gpus = assign_gpus(num_servers, gpus_per_server)
+        tag = socket.gethostname().split(".")[0]
+        self.servers = [
+            Proc(f"server-{tag}-{i}", "server", self.host, free_port(), g, "")
+            for i, g in enumerate(gpus)
+        ]
+        for p in self.servers:
+            p.log = str(self.logs / f"{p.name}.log")
+        self.router: Proc | None = None
+        if router_port is not None:
+            log_file = str(self.logs / "router.log")
+            self.router = Proc("router", "router", self.host, router_port, [], log_file)
+        self.router_url = self.router.url if self.router else router_url
+        self._popen: dict[str, subprocess.Popen[bytes]] = {}
+        self._worker_ids: dict[str, str] = {}
+
+    # ---- commands -------------------------------------------------------------------------
+    def server_cmd(self, p: Proc) -> list[str]:
+        if self.engine == "sglang":  # the real SGLang server, GPU nodes
+            return [
+                sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
+                "--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus)),
+                *self.server_args,
+            ]  # fmt: skip
+        return [
+            sys.executable, "-m", "launch.cli", "serve", "--model", self.model,
+            "--port", str(p.port), "--host", "0.0.0.0", "--engine", self.engine,
+            *self.server_args,
+        ]  # fmt: skip
+
+    def router_cmd(self, p: Proc) -> list[str]:
+        return [
+            sys.executable, "-m", "sglang_router.launch_router", "--host", "0.0.0.0",
+            "--port", str(p.port), "--prometheus-port", str(free_port()),
+            "--policy", "round_robin", "--disable-retries",
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
+            "--worker-startup-timeout-secs", str(int(self.health_timeout_s)),
+            "--log-level", "warn",
+        ]  # fmt: skip
+
+    def _spawn(self, p: Proc, cmd: list[str]) -> None:
+        env = dict(os.environ)
+        if p.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
+        with open(p.log, "ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self._popen[p.name] = proc
+        p.pid, p.cmd = proc.pid, cmd
+        log.info("started %s (pid %d) on %s", p.name, p.pid, p.url)
+
+    # ---- start / health -------------------------------------------------------------------
+    def start(self) -> Fleet:
+        if self.router is not None:
+            self._spawn(self.router, self.router_cmd(self.router))
+        for p in self.servers:
+            self._spawn(p, self.server_cmd(p))
+        if self.router is not None:
+            self.wait_healthy(self.router, "/health")
+        for p in self.servers:
+            self.wait_healthy(p, "/health")
+            self.register(p)
+        self.write_manifest()
+        return self
+
+    def wait_healthy(self, p: Proc, path: str) -> None:
+        deadline = time.monotonic() + self.health_timeout_s
+        while time.monotonic() < deadline:
+            proc = self._popen.get(p.name)
+            if proc is not None and proc.poll() is not None:
+                raise ValueError(
+                    f"{p.name} ({' '.join(p.cmd[:6])} ...) exited with code {proc.returncode} "
+                    f"before becoming healthy; last lines of {p.log}:\n{tail(p.log)}"
+                )
+            if http("GET", p.url + path, timeout=2)[0] == 200:
+                return
+            time.sleep(0.5)
+        raise ValueError(
+            f"{p.name} at {p.url} was not healthy after {self.health_timeout_s:.0f} s; "
+            f"last lines of {p.log}:\n{tail(p.log)}"
+        )
+
+    def register(self, p: Proc) -> None:
+        """Add a server to the router and wait until the router lists it."""
+        if not self.router_url:
+            return
+        status, text = http("POST", f"{self.router_url}/workers", {"url": p.url}, timeout=10)
+        if status not in (200, 201, 202):
+            raise ValueError(f"router {self.router_url} refused worker {p.url}: {status} {text}")
+        deadline = time.monotonic() + self.health_timeout_s
+        while time.monotonic() < deadline:
+            for w in self.router_workers():
+                if w["url"].rstrip("/") == p.url and w.get("is_healthy", True):
+                    self._worker_ids[p.name] = w["id"]
+                    return
+            time.sleep(0.3)
+        raise ValueError(f"router {self.router_url} never listed worker {p.url} as healthy")
+
+    def router_workers(self) -> list[dict[str, Any]]:
+        status, text = http("GET", f"{self.router_url}/workers")
+        return list(json.loads(text).get("workers", [])) if status == 200 else []
+
+    def write_manifest(self) -> Path:
+        procs = ([self.router] if self.router else []) + self.servers
+        out = self.run_dir / f"servers-{socket.gethostname().split('.')[0]}.json"
+        data = {"router_url": self.router_url, "processes": [asdict(p) for p in procs]}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(out)
+        return out
+
+    # ---- supervision ----------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """One supervision pass; returns the names of servers it restarted."""
+        restarted = []
+        for p in self.servers:
+            proc = self._popen.get(p.name)
+            if proc is None or proc.poll() is None:
+                continue
+            log.warning("%s (pid %d) died with code %s; restarting", p.name, p.pid, proc.returncode)
+            self.deregister(p)
+            self._spawn(p, self.server_cmd(p))
+            self.wait_healthy(p, "/health")
+            self.load_current_weights(p)
+            self.register(p)
+            p.restarts += 1
+            restarted.append(p.name)
+            self.write_manifest()
+        return restarted
+
+    def deregister(self, p: Proc) -> None:
+        wid = self._worker_ids.pop(p.name, None)
+        if self.router_url and wid:
+            http("DELETE", f"{self.router_url}/workers/{wid}")
+
+    def load_current_weights(self, p: Proc) -> None:
+        f = self.sync_dir / "current_weights.json"
+        if not f.is_file():
+            return  # no sync yet: the server already holds the initial weights
+        cur = json.loads(f.read_text())
+        body = {"model_path": cur["path"], "weight_version": cur["version"]}
+        status, text = http("POST", f"{p.url}/update_weights_from_disk", body, timeout=600)
+        if status != 200:
+            raise RuntimeError(f"{p.name} could not load the current weights {cur}: {text}")
+        log.info("%s loaded weight version %s before rejoining", p.name, cur["version"])
+
+    def supervise(self, poll_s: float = 1.0, stop_file: Path | None = None) -> None:
+        """Restart dead servers until SIGTERM/SIGINT (or ``stop_file`` appears)."""
+        stopping = []
+        old = signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        try:
+            while not stopping and not (stop_file and stop_file.exists()):
+                if self.router and self._popen["router"].poll() is not None:
+                    raise RuntimeError(f"the router died; last lines:\n{tail(self.router.log)}")
+                self.check()
+                time.sleep(poll_s)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    # ---- stop -----------------------------------------------------------------------------
+    def kill_server(self, index: int, sig: int = signal.SIGKILL) -> int:
+        """Kill one server (fault injection and tests); returns its pid."""
+        p = self.servers[index]
+        os.kill(p.pid, sig)
+        return p.pid
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        procs = list(self._popen.values())
+        for proc in procs:
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        self._popen.clear()
+
+    def __enter__(self) -> Fleet:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the process and anything it started (its own session)
+    except ProcessLookupError:
+        pass
+
+
+def visible_gpus() -> list[int]:
+    """CUDA devices this process may use (CUDA_VISIBLE_DEVICES, else Slurm's, else none)."""
+    for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return [int(x) for x in value.split(",") if x.strip().isdigit()]
+    return []
+
+
+def assign_gpus(num_servers: int, gpus_per_server: int) -> list[list[int]]:
+    """GPU ids for each server; ValueError when the node has fewer than asked for."""
+    if gpus_per_server == 0:
+        return [[] for _ in range(num_servers)]
+    have = visible_gpus()
+    need = num_servers * gpus_per_server
+    if need > len(have):
+        raise ValueError(
+            f"{num_servers} servers x {gpus_per_server} GPUs = {need} GPUs requested on "
+            f"{socket.gethostname()}, but the allocation has {len(have)} ({have}); lower "
+            "slurm.servers_per_node or slurm.gpus_per_server, or ask Slurm for more GPUs"
+        )
+    return [have[i * gpus_per_server : (i + 1) * gpus_per_server] for i in range(num_servers)]

@@ -1,0 +1,55 @@
+"""Reward composition: outcome score + process scores - format and length penalties.
+
+Each domain carries a :class:`RewardWeights`; :func:`compose_reward` turns a verifier verdict
+into the scalar the advantage estimator sees::
+
+    reward = outcome * score
+           + sum(process[k] * process_scores[k])
+           - format_penalty * (answer not parsable)
+           - length_penalty * max(0, len(response) - length_budget_chars) / 1000
+
+A verdict with ``hard_violation`` (safety: complied with a request that must be refused) gets
+``hard_floor`` regardless of everything else: the trainer can treat it as a penalty floor that
+no amount of formatting or process credit can buy back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron_rl.domains.base import VerifyResult
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Per-domain weights of the reward terms."""
+
+    outcome: float = 1.0  # weight of the verifier's outcome score (in [0, 1])
+    process: dict[str, float] = field(default_factory=dict)  # weight per process score name
+    format_penalty: float = 0.0  # subtracted when no answer could be parsed
+    length_penalty: float = 0.0  # subtracted per 1,000 chars over length_budget_chars
+    length_budget_chars: int = 8000  # response length (chars) before the length penalty starts
+    hard_floor: float = -1.0  # reward when the verdict has hard_violation set
+
+    def __hash__(self) -> int:  # frozen dataclass with a dict field: hash by value
+        return hash((self.outcome, tuple(sorted(self.process.items())), self.format_penalty,
+                     self.length_penalty, self.length_budget_chars, self.hard_floor))
+
+
+def compose_reward(
+    result: VerifyResult, response: str, weights: RewardWeights
+) -> tuple[float, dict[str, float]]:
+    """The scalar reward and its terms (namespaced for metrics) for one verified response."""
+    if result.hard_violation:
+        return weights.hard_floor, {"reward/hard_violation": 1.0}
+    terms = {"reward/outcome": weights.outcome * result.score}
+    for name, w in weights.process.items():
+        terms[f"reward/process/{name}"] = w * result.process_scores.get(name, 0.0)
+    if weights.format_penalty and not result.parsable:
+        terms["reward/format_penalty"] = -weights.format_penalty
+    over = max(0, len(response) - weights.length_budget_chars)
+    if weights.length_penalty and over:
+        terms["reward/length_penalty"] = -weights.length_penalty * over / 1000
+    return sum(terms.values()), terms

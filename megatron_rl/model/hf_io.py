@@ -1,0 +1,403 @@
+"""Checkpoint files: HF directories (safetensors + config.json) and our Megatron directory format.
+
+HF side: ``config.json`` <-> :class:`ModelConfig` for ``Qwen2ForCausalLM`` and
+``LlamaForCausalLM``; weights in ``model.safetensors`` or sharded with
+``model.safetensors.index.json``; tokenizer files copied alongside. Features the Megatron model
+cannot express exactly (Llama ``attention_bias``/``mlp_bias``, RoPE scaling, sliding window, a
+``head_dim`` other than ``hidden_size / heads``) are refused with one line instead of converting
+into a silently different model.
+
+Megatron side (what ``convert hf-to-megatron --tp N --pp M`` writes)::
+
+    OUT/megatron_rl_meta.json             format version, tp, pp, spec, ModelConfig, HF config
+    OUT/mp_rank_{tp:02d}_{pp:03d}/model.safetensors   GPTModel.state_dict() of that rank
+    OUT/tokenizer.json ...                tokenizer files of the source, so the way back keeps them
+
+It is our own format (not Megatron's ``torch_dist``), so it does not depend on the megatron-core
+version (0.16.1 cannot read 0.19 distributed checkpoints; see DESIGN.md).
+
+Every write goes to a hidden sibling directory that is renamed into place at the end, so a reader
+never sees a half-written checkpoint. Every user-facing failure is a one-line ``ValueError``
+naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+from torch import Tensor
+
+from megatron_rl.config import from_dict, to_dict
+from megatron_rl.model.config import ModelConfig
+from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout
+
+ARCHITECTURES: dict[str, str] = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json", "generation_config.json",
+)  # fmt: skip
+META_FILE = "megatron_rl_meta.json"
+FORMAT_VERSION = 1
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+
+def _arch_of(config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    name = archs[0] if archs else None
+    if name is None:  # fall back to model_type
+        by_type = {v: k for k, v in ARCHITECTURES.items()}
+        name = by_type.get(config.get("model_type", ""), config.get("model_type"))
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {name!r}; supported: {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    """RoPE base from ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE is")
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _refuse_unsupported(config: dict[str, Any], arch: str) -> None:
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={config['hidden_act']!r} is not supported; only 'silu'")
+    if arch == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
+        raise ValueError("Llama attention_bias/mlp_bias=true is not supported (Megatron's "
+                         "Llama shape has no o_proj/MLP bias); only false")  # fmt: skip
+    if arch == "qwen2" and config.get("use_sliding_window"):
+        raise ValueError("Qwen2 use_sliding_window=true is not supported; only false")
+    heads = config["num_attention_heads"]
+    if config.get("head_dim") not in (None, config["hidden_size"] // heads):
+        raise ValueError(f"head_dim={config['head_dim']} != hidden_size / num_attention_heads "
+                         "is not supported")  # fmt: skip
+
+
+def model_config_from_hf(config: dict[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an HF ``config.json`` dict (Qwen2 or Llama)."""
+    arch = _arch_of(config)
+    try:
+        _refuse_unsupported(config, arch)
+        dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        cfg = ModelConfig(
+            arch=arch,  # type: ignore[arg-type]
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=int(config["hidden_size"]),
+            ffn_hidden_size=int(config["intermediate_size"]),
+            num_attention_heads=int(config["num_attention_heads"]),
+            num_query_groups=int(
+                config.get("num_key_value_heads") or config["num_attention_heads"]
+            ),
+            vocab_size=int(config["vocab_size"]),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            rotary_base=_rope_theta(config),
+            norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
+            qkv_bias=arch == "qwen2",
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            init_std=float(config.get("initializer_range", 0.02)),
+            dtype=dtype if dtype in _DTYPES else "float32",  # type: ignore[arg-type]
+        )
+    except KeyError as e:
+        raise ValueError(f"config.json has no {e.args[0]!r} (needed for {arch})") from None
+    cfg.validate()
+    return cfg
+
+
+def hf_config_from_model_config(
+    cfg: ModelConfig, base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """HF ``config.json`` dict for ``cfg``; keys of ``base`` we do not set (token ids...) kept."""
+    arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.arch]
+    if cfg.arch == "llama" and cfg.qkv_bias:
+        raise ValueError("model.qkv_bias=true cannot be written as Llama (HF Llama's "
+                         "attention_bias also adds an o_proj bias); use arch 'qwen2'")  # fmt: skip
+    if cfg.arch == "qwen2" and not cfg.qkv_bias:
+        raise ValueError("model.qkv_bias=false cannot be written as Qwen2 (it always has a "
+                         "QKV bias); use arch 'llama'")  # fmt: skip
+    out = dict(base or {})
+    out.update({
+        "architectures": [arch], "model_type": cfg.arch, "hidden_act": "silu",
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups, "num_hidden_layers": cfg.num_layers,
+        "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_epsilon,
+        "rope_theta": cfg.rotary_base,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
+        "torch_dtype": cfg.dtype, "dtype": cfg.dtype, "attention_dropout": 0.0,
+        "use_cache": True,
+    })  # fmt: skip
+    out.pop("rope_scaling", None)
+    if cfg.arch == "llama":
+        out.update({"attention_bias": False, "mlp_bias": False})
+    else:
+        out.update({"use_sliding_window": False, "sliding_window": None})
+        out.pop("layer_types", None)  # stale when num_layers changed; HF rebuilds it
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# small file helpers
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"{path} not found")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _load_safetensors(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise ValueError(f"{path} not found")
+    try:
+        return safetensors.torch.load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise ValueError(f"{path} is not a readable safetensors file: {e}") from None
+
+
+def _save_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    contiguous = {k: v.contiguous() for k, v in tensors.items()}
+    safetensors.torch.save_file(contiguous, str(path), metadata={"format": "pt"})
+
+
+def _existing_dir(path: str | os.PathLike[str], what: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"{what} directory {p} does not exist")
+    return p
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``out`` to fill; it replaces ``out`` only on success."""
+    final = Path(out)
+    if final.exists() and not (final.is_dir() and not any(final.iterdir())) and not overwrite:
+        raise ValueError(f"output {final} already exists and is not empty; pick a new directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_tokenizer_files(src: str | os.PathLike[str] | None, dst: Path) -> list[str]:
+    """Copy the tokenizer (and generation config) files found in ``src`` into ``dst``."""
+    if src is None:
+        return []
+    src_dir = _existing_dir(src, "tokenizer")
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+# ----------------------------------------------------------------------------------------------
+# HF checkpoint directories
+
+
+def load_hf_config(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], ModelConfig]:
+    """The raw ``config.json`` dict and its :class:`ModelConfig` (errors name the file)."""
+    d = _existing_dir(hf_dir, "HF checkpoint")
+    raw = read_json(d / "config.json")
+    try:
+        cfg = model_config_from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"{d / 'config.json'}: {e}") from None
+    cfg.hf_path = str(d)
+    return raw, cfg
+
+
+def _weight_files(d: Path) -> list[Path]:
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' object")
+        return [d / f for f in sorted(set(weight_map.values()))]
+    if (d / "model.safetensors").is_file():
+        return [d / "model.safetensors"]
+    raise ValueError(
+        f"{d} has no model.safetensors or model.safetensors.index.json "
+        "(only safetensors weights are supported)"
+    )
+
+
+def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelConfig]:
+    """Read an HF Llama/Qwen2 checkpoint: ``(state_dict, ModelConfig)``, tensors validated."""
+    _, cfg = load_hf_config(hf_dir)
+    files = _weight_files(Path(hf_dir))
+    sd: dict[str, Tensor] = {}
+    for f in files:
+        sd.update(_load_safetensors(f))
+    where = str(files[0]) if len(files) == 1 else f"{hf_dir}/model-*.safetensors"
+    check_hf_state_dict(sd, cfg, where)
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd, cfg
+
+
+def _shard_plan(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:
+    """Group tensor names (in order) into files of at most ``max_shard_bytes`` each."""
+    plan: list[list[str]] = [[]]
+    size = 0
+    for name, t in sd.items():
+        nbytes = t.numel() * t.element_size()
+        if plan[-1] and size + nbytes > max_shard_bytes:
+            plan.append([])
+            size = 0
+        plan[-1].append(name)
+        size += nbytes
+    return plan
+
+
+def _write_hf_weights(d: Path, sd: dict[str, Tensor], max_shard_bytes: int) -> None:
+    plan = _shard_plan(sd, max_shard_bytes)
+    if len(plan) == 1:
+        _save_safetensors(d / "model.safetensors", sd)
+        return
+    weight_map = {}
+    for i, names in enumerate(plan):
+        fname = f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
+        _save_safetensors(d / fname, {n: sd[n] for n in names})
+        weight_map.update(dict.fromkeys(names, fname))
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    _write_json(d / "model.safetensors.index.json",
+                {"metadata": {"total_size": total}, "weight_map": weight_map})  # fmt: skip
+
+
+def save_hf(
+    out_dir: str | os.PathLike[str],
+    state_dict: dict[str, Tensor],
+    cfg: ModelConfig,
+    tokenizer_from: str | os.PathLike[str] | None = None,
+    hf_config: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    max_shard_bytes: int = 5 * 2**30,
+) -> Path:
+    """Write an HF checkpoint directory that ``transformers``/vLLM/SGLang load directly.
+
+    ``hf_config``: a source ``config.json`` whose extra keys (token ids, ...) are kept.
+    ``tokenizer_from``: a directory whose tokenizer and generation-config files are copied.
+    """
+    check_hf_state_dict(state_dict, cfg, "state dict to save")
+    sd = dict(state_dict)
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    config = hf_config_from_model_config(cfg, hf_config)
+    with atomic_dir(out_dir, overwrite) as tmp:
+        _write_hf_weights(tmp, sd, max_shard_bytes)
+        _write_json(tmp / "config.json", config)
+        copied = copy_tokenizer_files(tokenizer_from, tmp)
+        if "generation_config.json" not in copied:
+            gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                   if config.get(k) is not None}  # fmt: skip
+            _write_json(tmp / "generation_config.json", gen)
+    return Path(out_dir)
+
+
+# ----------------------------------------------------------------------------------------------
+# Megatron checkpoint directories (one safetensors file per rank)
+
+
+def rank_file(ckpt_dir: Path, tp_rank: int, pp_rank: int) -> Path:
+    return ckpt_dir / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}" / "model.safetensors"
+
+
+def save_megatron_dir(
+    out_dir: str | os.PathLike[str],
+    shards: dict[tuple[int, int], dict[str, Tensor]],
+    cfg: ModelConfig,
+    tp: int,
+    pp: int,
+    spec: str = "local",
+    hf_config: dict[str, Any] | None = None,
+    tokenizer_from: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``shards`` (keyed ``(tp_rank, pp_rank)``) and the metadata to ``out_dir``."""
+    check_layout(cfg, tp, pp)
+    missing = [(t, p) for p in range(pp) for t in range(tp) if (t, p) not in shards]
+    if missing:
+        raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank): {missing}")
+    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "spec": spec,
+            "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
+    with atomic_dir(out_dir, overwrite) as tmp:
+        for (t, p), shard in shards.items():
+            path = rank_file(tmp, t, p)
+            path.parent.mkdir()
+            _save_safetensors(path, shard)
+        copy_tokenizer_files(tokenizer_from, tmp)
+        _write_json(tmp / META_FILE, meta)
+    return Path(out_dir)
+
+
+def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], ModelConfig]:
+    """Validated ``megatron_rl_meta.json`` and its :class:`ModelConfig`."""
+    d = _existing_dir(ckpt_dir, "Megatron checkpoint")
+    path = d / META_FILE
+    meta = read_json(path)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {meta.get('format_version')!r} is not "
+                         f"supported; expected {FORMAT_VERSION}")  # fmt: skip
+    try:
+        cfg = from_dict(ModelConfig, meta["model"], prefix="model")
+        tp, pp = int(meta["tp"]), int(meta["pp"])
+        cfg.validate()
+        check_layout(cfg, tp, pp)
+    except KeyError as e:
+        raise ValueError(f"{path}: missing key {e.args[0]!r}") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if meta.get("spec", "local") not in SPECS:
+        raise ValueError(f"{path}: unknown spec {meta['spec']!r}; expected one of {SPECS}")
+    return meta, cfg
+
+
+def load_megatron_dir(
+    ckpt_dir: str | os.PathLike[str],
+) -> tuple[dict[tuple[int, int], dict[str, Tensor]], ModelConfig, dict[str, Any]]:
+    """Read a directory written by :func:`save_megatron_dir`: ``(shards, cfg, meta)``."""
+    meta, cfg = load_megatron_meta(ckpt_dir)
+    d = Path(ckpt_dir)
+    shards = {
+        (t, p): _load_safetensors(rank_file(d, t, p))
+        for p in range(meta["pp"])
+        for t in range(meta["tp"])
+    }
+    return shards, cfg, meta

@@ -1,0 +1,174 @@
+"""Process groups for the policy: torch.distributed + Megatron model-parallel state.
+
+``init_distributed`` works in three situations with the same call:
+
+* a plain single process (tests, notebooks, ``megatron-rl sft`` on a laptop): no ``RANK`` /
+  ``WORLD_SIZE`` in the environment, so we start a world of 1 on a free loopback port;
+* under ``torchrun`` (or Slurm's ``srun`` exporting the same variables): the usual env:// init;
+* a second call in the same process: returns the existing layout (idempotent).
+
+The layout is validated before any process group exists, with one ``ValueError`` line naming what
+is wrong and what is allowed (TP must divide the heads, PP the layers, ...), so a bad config never
+surfaces as a traceback from inside megatron-core. Data parallelism takes whatever is left:
+``dp = world / (tp * pp * cp)``. On CPU the backend is gloo and the compat layer is applied.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.model import compat
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the (tp, cp, dp, pp) grid."""
+
+    rank: int  # global rank
+    world_size: int  # number of processes
+    tp: int  # tensor-parallel size
+    pp: int  # pipeline-parallel size
+    cp: int  # context-parallel size
+    dp: int  # data-parallel size
+    tp_rank: int
+    pp_rank: int
+    cp_rank: int
+    dp_rank: int
+    device: torch.device  # cuda:<local rank> or cpu
+    backend: str  # nccl or gloo
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+_info: dict[str, DistInfo] = {}
+
+
+def have_transformer_engine() -> bool:
+    """True when Transformer Engine imports (needed for CP and the THD packed layout)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfig | None) -> None:
+    """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes."""
+    parallel.validate()
+    tp, pp, cp = parallel.tp, parallel.pp, parallel.cp
+    if world_size % (tp * pp * cp):
+        raise ValueError(
+            f"world size {world_size} is not divisible by parallel.tp * parallel.pp * parallel.cp "
+            f"= {tp} * {pp} * {cp} = {tp * pp * cp}; choose sizes whose product divides it"
+        )
+    if cp > 1 and not have_transformer_engine():
+        raise ValueError(
+            f"parallel.cp={cp} needs Transformer Engine (GPU only), which does not import here; "
+            "use parallel.cp=1"
+        )
+    if model is None:
+        return
+    if model.num_attention_heads % tp:
+        raise ValueError(
+            f"parallel.tp={tp} must divide model.num_attention_heads={model.num_attention_heads}"
+        )
+    if model.num_query_groups % tp:
+        raise ValueError(
+            f"parallel.tp={tp} must divide model.num_query_groups={model.num_query_groups}"
+        )
+    if model.num_layers % pp:
+        raise ValueError(f"parallel.pp={pp} must divide model.num_layers={model.num_layers}")
+    if pp > 1 and model.tie_embeddings and not torch.cuda.is_available():
+        raise ValueError(
+            "model.tie_embeddings=true with parallel.pp>1 is GPU-only (megatron-core moves the "
+            "shared weight with .cuda()); use parallel.pp=1 or untied embeddings on CPU"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _init_process_group(backend: str) -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group(backend, rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend)
+
+
+def init_distributed(
+    parallel: ParallelConfig, seed: int, model: ModelConfig | None = None
+) -> DistInfo:
+    """Initialise torch.distributed and Megatron's parallel state; idempotent.
+
+    ``model`` (optional) lets the layout check cover heads / query groups / layers.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core import tensor_parallel
+
+    if "info" in _info:
+        return _info["info"]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    validate_layout(parallel, world, model)
+    cuda = torch.cuda.is_available()
+    backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
+    if cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        compat.apply()
+        device = torch.device("cpu")
+    _init_process_group(backend)
+    mpu.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not cuda)
+    torch.manual_seed(seed)
+    info = DistInfo(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        tp=parallel.tp,
+        pp=parallel.pp,
+        cp=parallel.cp,
+        dp=mpu.get_data_parallel_world_size(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        cp_rank=mpu.get_context_parallel_rank(),
+        dp_rank=mpu.get_data_parallel_rank(),
+        device=device,
+        backend=backend,
+    )
+    _info["info"] = info
+    return info
+
+
+def destroy_distributed() -> None:
+    """Tear down Megatron's groups and the default process group (safe to call twice)."""
+    from megatron.core import parallel_state as mpu
+
+    _info.pop("info", None)
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,412 @@
+"""The policy: a megatron-core GPT (one pipeline stage per process) for scoring and training.
+
+Everything that trains or scores goes through :class:`Policy`: SFT, the RL log-prob pass (current
+and reference model), the RL training pass, evaluation, checkpointing and weight sync.
+
+Packed sequences (``long_context.packing.PackedBatch``): one row of ``T`` tokens. On CPU (local
+layer spec) attention gets a block-diagonal causal mask built from ``cu_seqlens``; Megatron's RoPE
+uses positions ``0..T-1`` of the row, and because RoPE is relative the offset of a sequence inside
+the row cancels in its attention scores (tested against running each sequence alone). On GPU with
+Transformer Engine the same batch runs in the THD layout (``PackedSeqParams``), without a mask.
+
+Log-prob alignment (see ``packing.py``): ``logprobs[t] = log softmax(logits[t-1] / T)[tokens[t]]``
+within a sequence and 0 at every sequence start; ``entropy[t]`` is the entropy of that same
+temperature-scaled distribution (the one that predicts token t), also 0 at sequence starts. With
+TP the vocabulary is split; log-softmax and entropy are computed with all-reduces over the TP group
+(never gathering the full ``[T, V]`` logits).
+
+Loss-normalisation contract of :meth:`Policy.forward_backward`: the gradient is that of
+``sum over batches of loss_fn(batch, ...)``, exactly. The caller's ``loss_fn`` does all the
+normalisation (e.g. divides by the token count of the whole step). Megatron's schedule divides each
+micro-batch loss by the number of micro-batches (and multiplies by the CP size); we multiply the
+loss handed to it by ``num_microbatches / cp`` to undo that. Across data-parallel replicas,
+Megatron DDP averages gradients, so with DP > 1 the step's gradient is the mean over DP ranks of
+each rank's summed loss: a caller normalising by a global token count should multiply by ``dp``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from long_context.packing import PackedBatch, to_device
+from megatron_rl.model import convert
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.gpt import build_gpt_model, transformer_config, use_te_spec
+from megatron_rl.model.parallel import DistInfo
+
+LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
+
+
+def block_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:
+    """Boolean mask [1, 1, T, T], True where attention is *not* allowed (Megatron convention)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens)
+    idx = torch.arange(total, device=cu_seqlens.device)
+    allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+    return ~allowed[None, None]
+
+
+def vocab_parallel_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of ``targets`` and entropy under softmax(logits / temperature), TP-aware.
+
+    logits: [N, V / tp] (this rank's vocab slice), targets: [N] global ids.
+    Returns logprobs [N] and entropy [N] (or None), replicated over TP ranks, differentiable.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    z = logits.float() / temperature
+    tp_group = mpu.get_tensor_model_parallel_group()
+    zmax = z.detach().max(dim=-1).values
+    if mpu.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
+    shifted = z - zmax[:, None]
+    exp = shifted.exp()
+    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(-1))
+    log_z = sum_exp.log()
+    vocab_local = z.shape[-1]
+    start = mpu.get_tensor_model_parallel_rank() * vocab_local
+    local = targets - start
+    mine = (local >= 0) & (local < vocab_local)
+    picked = shifted.gather(-1, local.clamp(0, vocab_local - 1)[:, None]).squeeze(-1)
+    target_logit = reduce_from_tensor_model_parallel_region(torch.where(mine, picked, 0.0))
+    logprobs = target_logit - log_z
+    if not with_entropy:
+        return logprobs, None
+    expected = reduce_from_tensor_model_parallel_region((exp * shifted).sum(-1))
+    return logprobs, log_z - expected / sum_exp
+
+
+def align_to_tokens(values: Tensor, batch: PackedBatch) -> Tensor:
+    """values [T-1] predicted from positions 0..T-2 -> [T] aligned with tokens, 0 at seq starts."""
+    out = torch.zeros(batch.num_tokens, dtype=values.dtype, device=values.device)
+    out = torch.cat([out[:1], values])
+    starts = torch.zeros_like(out, dtype=torch.bool)
+    starts[batch.cu_seqlens[:-1].long()] = True
+    return torch.where(starts, torch.zeros_like(out), out)
+
+
+class Policy:
+    """The policy model chunk on this rank, with optional optimizer; see the module docstring."""
+
+    def __init__(
+        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: Any | None = None
+    ) -> None:
+        self.cfg = model_cfg
+        self.dist = dist_info
+        self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
+        self.spec: convert.Spec = "te" if use_te_spec() else "local"
+        self.module = build_gpt_model(
+            model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
+        )
+        self.model: torch.nn.Module = self.module
+        self.optimizer: Any = None
+        if train_cfg is not None:
+            self._build_training(train_cfg)
+        self._configure_schedule()
+
+    # ------------------------------------------------------------------ construction
+
+    def _build_training(self, train_cfg: Any) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        tcfg = self.module.config
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        )
+        self.model = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=self.module)
+        opt_cfg = OptimizerConfig(
+            optimizer="adam",
+            lr=train_cfg.lr,
+            weight_decay=train_cfg.weight_decay,
+            adam_beta1=train_cfg.adam_beta1,
+            adam_beta2=train_cfg.adam_beta2,
+            adam_eps=train_cfg.adam_eps,
+            clip_grad=train_cfg.grad_clip,
+            bf16=tcfg.bf16,
+            fp16=tcfg.fp16,
+            params_dtype=tcfg.params_dtype,
+        )
+        self.optimizer = get_megatron_optimizer(opt_cfg, [self.model])
+
+    def _configure_schedule(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+
+        config = self.module.config
+        config.variable_seq_lengths = self.dist.pp > 1  # packed rows differ in length
+        if self.optimizer is not None:
+            config.finalize_model_grads_func = finalize_model_grads
+            config.no_sync_func = self.model.no_sync
+            config.grad_scale_func = self.optimizer.scale_loss
+
+    # ------------------------------------------------------------------ forward machinery
+
+    def _forward(self, model: Any, tokens: Tensor, mask: Tensor | None, packed: Any) -> Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
+        return model(tokens, pos, mask, packed_seq_params=packed)
+
+    def _packed_inputs(self, batch: PackedBatch) -> tuple[Tensor, Tensor | None, Any]:
+        """tokens [1, T], mask [1, 1, T, T] or None, PackedSeqParams or None."""
+        tokens = batch.tokens[None]
+        if self.spec == "te":
+            from megatron.core.packed_seq_params import PackedSeqParams
+
+            cu = batch.cu_seqlens.int()
+            longest = int((cu[1:] - cu[:-1]).max())
+            params = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu,
+                cu_seqlens_kv=cu,
+                max_seqlen_q=longest,
+                max_seqlen_kv=longest,
+            )
+            return tokens, None, params
+        return tokens, block_causal_mask(batch.cu_seqlens, batch.num_tokens), None
+
+    def _run_schedule(
+        self,
+        batches: list[PackedBatch],
+        on_logits: Callable[[PackedBatch, Tensor], tuple[Tensor, dict[str, Any]]],
+        forward_only: bool,
+    ) -> list[dict[str, Any]]:
+        """Run Megatron's forward(-backward) schedule over packed batches, one per micro-batch.
+
+        ``on_logits(batch, logits [T, V/tp]) -> (loss, outputs)`` runs on the last stage; the list
+        of ``outputs`` comes back there (empty elsewhere).
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batches = [to_device(b, self.dist.device) for b in batches]
+        n = len(batches)
+        scale = n / self.dist.cp  # undo the schedule's loss / num_microbatches * cp
+
+        def loss_func(batch: PackedBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            loss, outputs = on_logits(batch, output[0])
+            return loss * scale, outputs
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
+            batch = next(data_iterator)
+            tokens, mask, packed = self._packed_inputs(batch)
+            return self._forward(model, tokens, mask, packed), partial(loss_func, batch)
+
+        self.model.train(not forward_only)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[self.model],
+            num_microbatches=n,
+            seq_length=max(b.num_tokens for b in batches),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+
+    def _broadcast_from_last_stage(self, tensor: Tensor) -> Tensor:
+        """Copy ``tensor`` (valid on the last PP stage) to every stage of this pipeline."""
+        if self.dist.pp == 1:
+            return tensor
+        from megatron.core import parallel_state as mpu
+
+        dist.broadcast(
+            tensor,
+            src=mpu.get_pipeline_model_parallel_last_rank(),
+            group=mpu.get_pipeline_model_parallel_group(),
+        )
+        return tensor
+
+    def _broadcast_objects(self, objs: list[Any]) -> list[Any]:
+        if self.dist.pp == 1:
+            return objs
+        from megatron.core import parallel_state as mpu
+
+        box = [objs if self.dist.is_last_stage else None]
+        dist.broadcast_object_list(
+            box,
+            src=mpu.get_pipeline_model_parallel_last_rank(),
+            group=mpu.get_pipeline_model_parallel_group(),
+        )
+        return list(box[0] or [])
+
+    # ------------------------------------------------------------------ scoring
+
+    @torch.no_grad()
+    def token_logprobs(
+        self, batches: list[PackedBatch], temperature: float = 1.0, with_entropy: bool = False
+    ) -> list[tuple[Tensor, Tensor | None]]:
+        """Per batch: logprobs [T] (and entropy [T] or None), on CPU, on every rank."""
+        if not batches:
+            return []
+
+        def on_logits(batch: PackedBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            lp, ent = vocab_parallel_logprobs(
+                logits[:-1], batch.tokens[1:], temperature, with_entropy
+            )
+            out = {"lp": align_to_tokens(lp, batch)}
+            if ent is not None:
+                out["ent"] = align_to_tokens(ent, batch)
+            return lp.new_zeros(()), out
+
+        outs = self._run_schedule(batches, on_logits, forward_only=True)
+        sizes = [b.num_tokens for b in batches]
+        rows = 2 if with_entropy else 1
+        flat = torch.zeros(rows, sum(sizes), device=self.dist.device)
+        if self.dist.is_last_stage:
+            flat[0] = torch.cat([o["lp"] for o in outs])
+            if with_entropy:
+                flat[1] = torch.cat([o["ent"] for o in outs])
+        flat = self._broadcast_from_last_stage(flat).cpu()
+        lps = torch.split(flat[0], sizes)
+        ents = torch.split(flat[1], sizes) if with_entropy else [None] * len(sizes)
+        return list(zip(lps, ents, strict=True))
+
+    @torch.no_grad()
+    def logits(self, tokens: Tensor) -> Tensor:
+        """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        tokens = tokens.to(self.dist.device)
+        b, s = tokens.shape
+        mask = ~torch.tril(torch.ones(s, s, dtype=torch.bool, device=self.dist.device))[None, None]
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
+            out = self._forward(model, next(data_iterator), mask, None)
+            return out, lambda o: (o.new_zeros(()), {"logits": o})
+
+        self.model.eval()
+        outs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([tokens]),
+            model=[self.model],
+            num_microbatches=1,
+            seq_length=s,
+            micro_batch_size=b,
+            forward_only=True,
+        )
+        full = torch.zeros(b, s, self.cfg.vocab_size, device=self.dist.device)
+        if self.dist.is_last_stage:
+            full = gather_from_tensor_model_parallel_region(outs[0]["logits"]).float()
+        return self._broadcast_from_last_stage(full.contiguous()).cpu()
+
+    # ------------------------------------------------------------------ training
+
+    def forward_backward(
+        self, batches: list[PackedBatch], loss_fn: LossFn, temperature: float = 1.0
+    ) -> list[dict[str, float]]:
+        """Accumulate grads of sum_b loss_fn(b, logprobs [T], entropy [T]); metrics per batch.
+
+        The caller normalises (see the module docstring); each metrics dict also holds "loss".
+        """
+        if self.optimizer is None:
+            raise ValueError("Policy.forward_backward needs a Policy built with train_cfg")
+        if not batches:
+            return []
+
+        def on_logits(batch: PackedBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            lp, ent = vocab_parallel_logprobs(logits[:-1], batch.tokens[1:], temperature, True)
+            assert ent is not None
+            loss, metrics = loss_fn(batch, align_to_tokens(lp, batch), align_to_tokens(ent, batch))
+            floats = {k: float(v) for k, v in metrics.items()}
+            floats["loss"] = float(loss.detach())
+            return loss, floats
+
+        outs = self._run_schedule(batches, on_logits, forward_only=False)
+        return self._broadcast_objects(list(outs) if self.dist.is_last_stage else [])
+
+    def optimizer_step(self, lr: float) -> dict[str, float]:
+        """Clip and apply the accumulated grads at learning rate ``lr``; zero the grads.
+
+        A non-finite grad norm skips the update (``skipped=1``). Returns grad_norm, lr, skipped.
+        """
+        if self.optimizer is None:
+            raise ValueError("Policy.optimizer_step needs a Policy built with train_cfg")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.prepare_grads()
+        grad_norm = float(self.optimizer.get_grad_norm())
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            success, _, _ = self.optimizer.step()
+            skipped = not success
+        self.zero_grad()
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients (DDP grad buffers and optimizer grads)."""
+        if self.optimizer is not None:
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+
+    # ------------------------------------------------------------------ state
+
+    def model_state_shard(self) -> dict[str, Tensor]:
+        """This rank's parameters with Megatron names (layers numbered within the stage)."""
+        sd = self.module.state_dict()
+        return {k: v.detach().clone() for k, v in sd.items() if not k.endswith("_extra_state")}
+
+    def load_model_state_shard(self, sd: dict[str, Tensor]) -> None:
+        """Load this rank's Megatron-named parameters (every parameter must be present)."""
+        result = self.module.load_state_dict(sd, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"model state shard does not fit this rank (tp_rank={self.dist.tp_rank}, "
+                f"pp_rank={self.dist.pp_rank}): missing {missing[:3]}, "
+                f"unexpected {result.unexpected_keys[:3]}"
+            )
+        if self.optimizer is not None:
+            self.optimizer.reload_model_params()
+
+    def optimizer_state(self) -> Any:
+        """A copy of this rank's optimizer state (safe to keep while training continues)."""
+        if self.optimizer is None:
+            raise ValueError("Policy.optimizer_state needs a Policy built with train_cfg")
+        return copy.deepcopy(self.optimizer.state_dict())
+
+    def load_optimizer_state(self, sd: Any) -> None:
+        """Restore optimizer state; each parameter gets its own Adam ``step`` tensor back."""
+        if self.optimizer is None:
+            raise ValueError("Policy.load_optimizer_state needs a Policy built with train_cfg")
+        self.optimizer.load_state_dict(copy.deepcopy(sd))
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for state in opt.optimizer.state.values():
+                if isinstance(state.get("step"), Tensor):
+                    state["step"] = state["step"].clone()
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The full model in HF Llama/Qwen2 layout, on every rank (CPU tensors)."""
+        mine = {k: v.cpu() for k, v in self.model_state_shard().items()}
+        d = self.dist
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (d.dp_rank, d.cp_rank, d.tp_rank, d.pp_rank, mine))
+        shards = {
+            (tp_rank, pp_rank): sd
+            for dp_rank, cp_rank, tp_rank, pp_rank, sd in gathered
+            if dp_rank == 0 and cp_rank == 0
+        }
+        return convert.megatron_to_hf(shards, self.cfg, d.tp, d.pp)
+
+    def load_hf_state_dict(self, hf_sd: dict[str, Tensor]) -> None:
+        """Load this rank's share of a full HF-layout state dict (every rank passes the same)."""
+        convert.check_hf_state_dict(hf_sd, self.cfg, "Policy.load_hf_state_dict")
+        shard = convert.hf_to_megatron_rank(
+            hf_sd,
+            self.cfg,
+            self.dist.tp,
+            self.dist.tp_rank,
+            self.dist.pp,
+            self.dist.pp_rank,
+            spec=self.spec,
+        )
+        device = self.dist.device
+        self.load_model_state_shard({k: v.to(device) for k, v in shard.items()})

@@ -1,0 +1,288 @@
+"""Run one program (and optionally its tests) in the sandbox and decide the verdict.
+
+Without tests, one sandboxed process runs the program as ``__main__``; ``passed`` means exit 0.
+With tests, two sandboxes run side by side and never see each other (separate pid, user and
+mount namespaces, separate uids):
+
+    host ──spawn──> candidate sandbox: child.py loads the program, answers calls   (req_r, resp_w)
+    host ──spawn──> judge sandbox:     judge.py runs test_* against proxies       (req_w, resp_r,
+                                                                                    verdict_w)
+    host <──verdict pipe── judge (one JSON line per test, then ``done``)
+
+The test file is mounted only into the judge's sandbox, the verdict pipe exists only between the
+judge and the host, and the judge executes none of the candidate's code (only plain data crosses,
+see inside/wire.py). So the candidate cannot read the tests or their expected values from disk,
+cannot write to the verdict channel, cannot fake a pass by exiting 0 early (its exit status is
+ignored in this mode, and missing answers fail the tests), and cannot patch anything the judge
+uses. The host kills both process trees at the wall-time deadline or when output exceeds its
+limit; the pid namespaces guarantee that nothing the candidate started survives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from megatron_rl.rewards.sandbox import isolation
+from megatron_rl.rewards.sandbox.result import ExecResult
+from megatron_rl.rewards.sandbox.verdict import Collected, classify
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one execution."""
+
+    timeout_s: float = 10.0  # wall time for the whole execution, seconds
+    memory_mb: int = 512  # address space per process, MiB
+    max_procs: int = 32  # processes (and threads) per sandbox
+    max_files: int = 64  # open file descriptors per process
+    max_file_mb: int = 16  # largest file a process may write, MiB
+    tmpfs_mb: int = 64  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
+    max_output_bytes: int = 1 << 20  # stdout + stderr beyond this kills the execution
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        if self.memory_mb < 64:
+            raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
+        if self.max_procs < 1 or self.max_files < 16 or self.max_output_bytes < 1024:
+            raise ValueError("max_procs must be >= 1, max_files >= 16, max_output_bytes >= 1024")
+
+
+@dataclass
+class _Proc:
+    popen: subprocess.Popen
+    uid: int | None
+    init_pidfd: int | None = None  # pidfd of the sandbox's pid-1 process (None: unsandboxed)
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+
+
+def _spawn(argv: list[str], data_dir: str, fds: tuple[int, ...], limits: Limits,
+           sandboxed: bool) -> _Proc:
+    """Start ``argv`` (``{H}``/``{D}`` = harness/data dir) in its own sandbox, or plainly."""
+    info_r = info_w = -1
+    if sandboxed:
+        argv = [a.replace("{H}", "/harness").replace("{D}", "/data") for a in argv]
+        info_r, info_w = os.pipe()
+        fds = (*fds, info_w)
+        cmd = isolation.bwrap_argv(isolation.Mounts(data_dir, limits.tmpfs_mb), argv, info_w)
+        uid = isolation.UIDS.acquire() if isolation.drop_to_uid() else None
+        cwd, env = None, None
+    else:
+        argv = [a.replace("{H}", isolation.HARNESS_DIR).replace("{D}", data_dir) for a in argv]
+        cmd, uid = argv, None
+        cwd = tempfile.mkdtemp(dir=data_dir)
+        env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}
+    try:
+        popen = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=fds, start_new_session=True, cwd=cwd, env=env,
+            user=uid, group=uid, extra_groups=[] if uid is not None else None,
+        )  # fmt: skip
+    except BaseException:
+        if uid is not None:
+            isolation.UIDS.release(uid)
+        raise
+    finally:
+        if info_w >= 0:
+            os.close(info_w)
+    proc = _Proc(popen, uid)
+    if info_r >= 0:
+        proc.init_pidfd = _init_pidfd(info_r)
+    return proc
+
+
+def _init_pidfd(info_r: int) -> int | None:
+    """A pidfd for the sandbox's pid 1, from the JSON bwrap writes to its --info-fd.
+
+    Killing that process kills everything in the sandbox's pid namespace; holding a pidfd (not a
+    pid) makes the kill safe even after the process is gone and its pid reused.
+    """
+    data = b""
+    try:
+        while chunk := os.read(info_r, 4096):
+            data += chunk
+    finally:
+        os.close(info_r)
+    try:
+        return os.pidfd_open(int(json.loads(data)["child-pid"]))
+    except (ValueError, KeyError, OSError):
+        return None  # bwrap failed before starting the sandbox; its exit status says why
+
+
+def _kill(proc: _Proc) -> None:
+    try:
+        os.killpg(proc.popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _collect(procs: list[_Proc], verdict_fd: int | None, limits: Limits) -> Collected:
+    """Drain every pipe until all close, the deadline passes or output exceeds its limit."""
+    deadline = time.monotonic() + limits.timeout_s
+    sel = selectors.DefaultSelector()
+    for p in procs:
+        assert p.popen.stdout is not None and p.popen.stderr is not None
+        sel.register(p.popen.stdout, selectors.EVENT_READ, p.out)
+        sel.register(p.popen.stderr, selectors.EVENT_READ, p.err)
+    verdict = bytearray()
+    if verdict_fd is not None:
+        sel.register(verdict_fd, selectors.EVENT_READ, verdict)
+    got = Collected()
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            got.timed_out = True
+            break
+        for key, _ in sel.select(timeout=left):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            key.data.extend(chunk)
+        if sum(len(p.out) + len(p.err) for p in procs) > limits.max_output_bytes:
+            got.output_exceeded = True
+            break
+    sel.close()
+    got.verdict = bytes(verdict)
+    return got
+
+
+def _end_namespace(proc: _Proc) -> None:
+    """Kill the sandbox's pid 1 (so the kernel kills every process left in its namespace) and
+    wait until it has exited, so nothing of the sandbox runs once the result is returned."""
+    if proc.init_pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(proc.init_pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    select.select([proc.init_pidfd], [], [], 10.0)
+    os.close(proc.init_pidfd)
+    proc.init_pidfd = None
+
+
+def _finish(procs: list[_Proc], got: Collected, limits: Limits) -> None:
+    """Kill what is left, reap every process and free its uid."""
+    for p in procs:
+        if got.timed_out or got.output_exceeded:
+            _kill(p)
+        try:
+            p.popen.wait(timeout=max(1.0, limits.timeout_s))
+        except subprocess.TimeoutExpired:
+            _kill(p)
+            p.popen.wait()
+        for stream in (p.popen.stdout, p.popen.stderr):
+            if stream is not None:
+                stream.close()
+        _end_namespace(p)
+        if p.uid is not None:
+            isolation.UIDS.release(p.uid)
+
+
+def _write(directory: str, name: str, text: str) -> None:
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(os.path.join(directory, name), 0o644)
+
+
+def _python() -> str:
+    """The system interpreter (used inside the sandbox); the current one if there is none."""
+    return isolation.SANDBOX_PYTHON if os.path.exists(isolation.SANDBOX_PYTHON) else sys.executable
+
+
+def _child_argv(limits: Limits) -> list[str]:
+    cpu_s = int(limits.timeout_s) + 1
+    return [
+        _python(), "-I", "-S", "-B", "{H}/child.py", "{D}/solution.py",
+        str(limits.memory_mb), str(cpu_s), str(limits.max_procs), str(limits.max_files),
+        str(limits.max_file_mb << 20),
+    ]  # fmt: skip
+
+
+def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) -> ExecResult:
+    """Run ``program`` (and ``tests``) under ``limits``; see the module docstring."""
+    start = time.monotonic()
+    root = tempfile.mkdtemp(prefix="mrl-sandbox-")
+    prog_dir, tests_dir = os.path.join(root, "program"), os.path.join(root, "tests")
+    procs: list[_Proc] = []
+    pipes: list[int] = []
+    try:
+        os.chmod(root, 0o755)
+        for d in (prog_dir, tests_dir):
+            os.mkdir(d, 0o755)
+            os.chmod(d, 0o755)
+        _write(prog_dir, "solution.py", program)
+        if tests is None:
+            procs.append(_spawn(_child_argv(limits), prog_dir, (), limits, sandboxed))
+            got = _collect(procs, None, limits)
+        else:
+            _write(tests_dir, "tests.py", tests)
+            req_r, req_w = os.pipe()
+            resp_r, resp_w = os.pipe()
+            verdict_r, verdict_w = os.pipe()
+            pipes = [req_r, req_w, resp_r, resp_w, verdict_r, verdict_w]
+            child = _child_argv(limits) + [str(req_r), str(resp_w)]
+            procs.append(_spawn(child, prog_dir, (req_r, resp_w), limits, sandboxed))
+            judge = [
+                _python(), "-I", "-S", "-B", "{H}/judge.py", "{D}/tests.py",
+                str(max(limits.memory_mb, 256)), str(int(limits.timeout_s) + 1),
+                str(req_w), str(resp_r), str(verdict_w),
+            ]  # fmt: skip
+            procs.append(_spawn(judge, tests_dir, (req_w, resp_r, verdict_w), limits, sandboxed))
+            for fd in (req_r, req_w, resp_r, resp_w, verdict_w):
+                os.close(fd)
+            pipes = [verdict_r]
+            got = _collect(procs, verdict_r, limits)
+        _finish(procs, got, limits)
+        got.exit_codes = [p.popen.returncode for p in procs]
+        got.stdout, got.stderr = bytes(procs[0].out), bytes(procs[0].err)
+        got.judge_stderr = bytes(procs[1].err) if len(procs) > 1 else b""
+        return classify(got, tests is not None, time.monotonic() - start, sandboxed)
+    finally:
+        for p in procs:
+            if p.popen.returncode is None:
+                _kill(p)
+                p.popen.wait()
+            _end_namespace(p)
+        for fd in pipes:
+            os.close(fd)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_program(program: str, tests: str | None = None, timeout_s: float = 10.0,
+                memory_mb: int = 512, allow_unsandboxed: bool = False,
+                limits: Limits | None = None) -> ExecResult:
+    """Run ``program`` in the sandbox; with ``tests`` (a file of ``test_*`` functions with plain
+    asserts that call the program's definitions by name) ``passed`` means every test passed.
+
+    Raises SandboxUnavailable when bubblewrap cannot run, unless ``allow_unsandboxed`` (then the
+    program runs WITHOUT isolation, with a warning logged on every call).
+    """
+    limits = limits or Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+    try:
+        isolation.check_available()
+        sandboxed = True
+    except Exception:
+        if not allow_unsandboxed:
+            raise
+        sandboxed = False
+        log.warning(
+            "SANDBOX UNAVAILABLE: running model-written code WITHOUT isolation "
+            "(allow_unsandboxed=True); never do this on a machine you care about"
+        )
+    return execute(program, tests, limits, sandboxed)

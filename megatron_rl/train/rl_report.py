@@ -1,0 +1,167 @@
+"""The RL loop's supporting cast: engine start-up, reference model, eval, timing, summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from megatron_rl.domains import Domain
+from megatron_rl.model.policy import Policy
+from megatron_rl.rollout.base import RolloutEngine, build_engine
+from megatron_rl.scheduler import DomainScheduler
+from megatron_rl.train.evaluate import evaluate
+from megatron_rl.train.runtime import Runtime, export_hf
+from long_context.packing import PackedBatch
+
+log = logging.getLogger(__name__)
+
+
+def start_engine(rt: Runtime) -> RolloutEngine:
+    """Export the current policy in HF layout and start the configured engine on it."""
+    weights = export_hf(rt, rt.run_dir / "engine_weights")
+    t0 = time.time()
+    engine = build_engine(rt.cfg.rollout, str(weights), rt.cfg.seed)
+    log.info("rollout engine %r ready in %.1f s", rt.cfg.rollout.engine, time.time() - t0)
+    return engine
+
+
+def build_reference(rt: Runtime) -> Policy | None:
+    """A frozen copy of the starting policy, only when a KL term needs it."""
+    if rt.cfg.rl.kl_coef <= 0:
+        return None
+    ref = Policy(rt.cfg.model, rt.dist, None)
+    src = rt.run_dir / "engine_weights"
+    from megatron_rl.model import convert
+
+    sd, _ = convert.load_hf(src) if rt.start_step == 0 else convert.load_hf(rt.cfg.model.hf_path)
+    ref.load_hf_state_dict(sd)
+    return ref
+
+
+def reference_logprobs(ref: Policy | None, batches: list[PackedBatch]) -> list[torch.Tensor] | None:
+    if ref is None:
+        return None
+    return [lp for lp, _ in ref.token_logprobs(batches)]
+
+
+def run_eval(
+    rt: Runtime, engine: RolloutEngine, domains: dict[str, Domain], sched: DomainScheduler,
+    step: int,
+) -> dict[str, Any]:
+    """Held-out sweep at the current weights; feeds the seesaw guard; logs and returns results."""
+    cfg = rt.cfg
+    levels = {d.name: lv for d, lv in zip(sched.domains, sched.curriculum.current_levels(),
+                                          strict=True)}
+    res = evaluate(engine, rt.tokenizer, domains, cfg.rl.eval_samples_per_domain, cfg.seed,
+                   cfg.rollout.max_new_tokens, level=cfg.domains.level, levels=levels)
+    metrics = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
+    metrics["eval/mean_accuracy"] = res.mean
+    for e in sched.observe_eval(max(step, 0), res.scores):
+        rt.tracker.event(max(step, 0), e.pop("event", "seesaw"), **e)
+    if rt.is_main:
+        png = sched.radar_png(rt.run_dir / "radar.png")
+        rt.tracker.image(max(step, 0), "eval/radar", png)
+        with (rt.run_dir / "eval_failures.jsonl").open("w") as f:
+            for row in res.failures:
+                f.write(json.dumps(row) + "\n")
+    rt.tracker.log(max(step, 0), metrics)
+    return {"accuracy": res.accuracy, "mean": res.mean, "metrics": metrics}
+
+
+class Timer:
+    """Wall time per phase of a step; the remainder of the step is reported as 'other'."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+        self.spent: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):  # type: ignore[no-untyped-def]
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + time.time() - t0
+
+    def metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
+        total = time.time() - self.start
+        out = {f"time/{k}_s": v for k, v in self.spent.items()}
+        out["time/step_s"] = total
+        out["time/other_s"] = max(0.0, total - sum(self.spent.values()))
+        gen_tokens = step_metrics.get("rollout/response_len_mean", 0.0) * step_metrics.get(
+            "rollout/samples", 0.0)
+        if self.spent.get("generate"):
+            out["perf/generated_tokens_per_s"] = gen_tokens / self.spent["generate"]
+        return out
+
+
+class PreemptionFlag:
+    """Set by SIGTERM / SIGUSR1 (what Slurm sends before the time limit or on preemption)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. under a test runner thread)
+                pass
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        log.warning("received signal %d: will checkpoint after this step", signum)
+        self.requested = True
+
+
+def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:
+    """A few trajectories per log as a W&B table (and samples.jsonl)."""
+    k = rt.cfg.tracking.samples_per_log
+    if k <= 0 or step % max(1, rt.cfg.tracking.log_every) != 0:
+        return
+    rows = [[g.spec.domain, g.task.prompt[:500], s.text[:500], g.task.gold[:200], s.reward]
+            for g in groups[:k] for s in g.samples[:1]]
+    rt.tracker.table(step, "samples", ["domain", "prompt", "response", "gold", "reward"], rows)
+
+
+def summarize(rt: Runtime, before: dict[str, Any], after: dict[str, Any], wall_s: float
+              ) -> dict[str, Any]:
+    """summary.json and the before/after table printed at the end of a run."""
+    summary = {
+        "eval_before": before["accuracy"],
+        "eval_after": after["accuracy"],
+        "mean_before": before["mean"],
+        "mean_after": after["mean"],
+        "mean_gain": after["mean"] - before["mean"],
+        "steps": rt.cfg.train.steps,
+        "wall_s": round(wall_s, 1),
+        "run_dir": str(rt.run_dir),
+        "completed": True,
+    }
+    if rt.is_main:
+        (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(format_table(summary))
+    return summary
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    names = sorted(summary["eval_before"])
+    width = max([len(n) for n in names] + [6])
+    lines = [f"{'domain':<{width}}  before   after   delta"]
+    for n in names:
+        b, a = summary["eval_before"][n], summary["eval_after"].get(n, float("nan"))
+        lines.append(f"{n:<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
+    b, a = summary["mean_before"], summary["mean_after"]
+    lines.append(f"{'MEAN':<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
+    lines.append(f"steps {summary['steps']}, wall {summary['wall_s']:.0f} s, "
+                 f"run dir {summary['run_dir']}")
+    return "\n".join(lines)
+
+
+def finish(rt: Runtime, engine: RolloutEngine, summary: dict[str, Any]) -> dict[str, Any]:
+    rt.tracker.finish()
+    engine.shutdown()
+    return summary

@@ -1,0 +1,114 @@
+"""Advantages -> packed micro-batches -> GRPO-family loss -> one optimizer step.
+
+One optimizer step per rollout batch (on-policy): the "old" policy of the PPO ratio is the
+policy the step starts from, so its log-probs come from the same forward pass, detached (the
+ratio is exactly 1 and its gradient is the policy gradient). The engine's log-probs enter through
+truncated importance sampling (``rl.tis_cap``), which corrects the train/inference mismatch and,
+in off-policy mode, the staleness of samples made by an older policy. The mismatch itself
+(|logp_trainer - logp_engine| on sampled tokens) is measured in the same pass, so it is free.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from megatron_rl.train.advantages import compute_advantages
+from megatron_rl.train.losses import rl_loss, step_normalizer
+from megatron_rl.train.optim import lr_at
+from megatron_rl.train.rollout_phase import Group
+from long_context.packing import PackedBatch, budget_bins, pack
+
+
+def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Packed per-token values [T] -> [n, L_max] (zeros past each sequence's end); keeps grad."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    width = int(lens.max())
+    offs = torch.arange(width, device=values.device)
+    idx = cu_seqlens[:-1, None].long() + offs[None, :]
+    valid = offs[None, :] < lens[:, None]
+    return torch.where(valid, values[idx.clamp(max=values.numel() - 1)], values.new_zeros(()))
+
+
+def build_batches(groups: list[Group], kept: list[int], estimator: str, budget: int
+                  ) -> tuple[list[PackedBatch], dict[str, float]]:
+    """Packed micro-batches of the kept groups' samples, with advantages and engine log-probs."""
+    seqs, masks, adv, rlp = [], [], [], []
+    rewards = torch.tensor([[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64)
+    advantages = compute_advantages(rewards, estimator) if kept else rewards
+    for gi, i in enumerate(kept):
+        for si, s in enumerate(groups[i].samples):
+            p = len(s.prompt_ids)
+            seqs.append(s.prompt_ids + s.response_ids)
+            masks.append([0.0] * p + s.response_mask)
+            adv.append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
+            rlp.append([0.0] * p + s.rollout_logprobs)
+    bins = budget_bins([len(x) for x in seqs], budget)
+    batches = [
+        pack([seqs[i] for i in b], [masks[i] for i in b], seq_ids=b,
+             extras={"adv": [adv[i] for i in b], "rollout_lp": [rlp[i] for i in b]})
+        for b in bins
+    ]
+    stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
+    return batches, stats
+
+
+def train_step(
+    policy: Any, cfg: Any, batches: list[PackedBatch], step: int,
+    ref_logprobs: list[torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Forward/backward over the micro-batches and one optimizer step; returns metrics."""
+    rl = cfg.rl
+    norm = step_normalizer(
+        [to_padded(b.loss_mask, b.cu_seqlens) for b in batches], rl.loss_agg)
+    refs = {id(b): r for b, r in zip(batches, ref_logprobs or [], strict=False)}
+
+    def loss_fn(b: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+        cu = b.cu_seqlens
+        pad = lambda x: to_padded(x, cu)  # noqa: E731
+        mask, lp, rlp = pad(b.loss_mask), pad(logp), pad(b.extras["rollout_lp"])
+        ref = refs.get(id(b))
+        loss, m = rl_loss(
+            lp, lp.detach(), pad(b.extras["adv"]), mask, rl, norm,
+            rollout_logp=rlp, ref_logp=pad(ref) if ref is not None else None,
+            entropy=pad(ent) if ent is not None else None,
+        )
+        diff = (logp.detach() - b.extras["rollout_lp"]).abs() * b.loss_mask
+        m["mismatch_sum"] = float(diff.sum())
+        m["mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
+        m["tokens"] = float(b.loss_mask.sum())
+        return loss, m
+
+    t0 = time.time()
+    outs = policy.forward_backward(batches, loss_fn)
+    loss = sum(o["loss"] for o in outs)
+    opt = policy.optimizer_step(lr_at(step, cfg.train)) if math.isfinite(loss) else _skip(policy)
+    dt = time.time() - t0
+    tokens = sum(o["tokens"] for o in outs)
+    metrics: dict[str, float] = {}
+    for key in outs[0] if outs else []:
+        if key.startswith("loss/"):
+            metrics[key] = sum(o[key] for o in outs)
+    metrics.update({
+        "loss/total": loss,
+        "train/grad_norm": opt["grad_norm"],
+        "train/lr": opt["lr"],
+        "train/skipped_steps": opt["skipped"],
+        "train/nan_loss": float(not math.isfinite(loss)),
+        "mismatch/logp_abs_mean": sum(o["mismatch_sum"] for o in outs) / max(tokens, 1.0),
+        "mismatch/logp_abs_max": max((o["mismatch_max"] for o in outs), default=0.0),
+        "perf/train_s": dt,
+        "perf/trained_tokens_per_s": sum(b.num_tokens for b in batches) / max(dt, 1e-9),
+        "train/response_tokens": tokens,
+    })
+    return metrics
+
+
+def _skip(policy: Any) -> dict[str, float]:
+    """A NaN/inf loss: drop this step's gradients, keep the weights, count it."""
+    policy.zero_grad()
+    return {"grad_norm": float("nan"), "lr": 0.0, "skipped": 1.0}

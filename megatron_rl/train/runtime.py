@@ -1,0 +1,132 @@
+"""What SFT and RL runs share: run directory, distributed init, policy, resume, export.
+
+``setup_run`` is the single start-up path: validate, create the run directory, save the resolved
+config, initialise torch.distributed + Megatron, build the tokenizer and the policy (from an HF
+checkpoint or random), and resume from the newest complete checkpoint when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_rl.config import RunConfig, save_config, to_dict
+from megatron_rl.model import convert
+from megatron_rl.model.parallel import DistInfo, init_distributed
+from megatron_rl.model.policy import Policy
+from megatron_rl.model.tokenizer import load_tokenizer
+from megatron_rl.tracking.tracker import Tracker
+from megatron_rl.train.checkpoint import CheckpointManager, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    cfg: RunConfig
+    dist: DistInfo
+    tokenizer: Any
+    policy: Policy
+    ckpt: CheckpointManager
+    tracker: Tracker
+    start_step: int  # first optimizer step to run (0 on a fresh run)
+    resumed_state: dict[str, Any]  # trainer state saved by the loop ({} on a fresh run)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.rank == 0
+
+
+def _model_cfg_from_hf(cfg: RunConfig) -> RunConfig:
+    """With ``model.hf_path`` set, the architecture comes from the checkpoint's config.json."""
+    if not cfg.model.hf_path:
+        return cfg
+    _, hf_model_cfg = convert.load_hf(cfg.model.hf_path, weights=False)
+    keep = {"hf_path": cfg.model.hf_path, "dtype": cfg.model.dtype, "recompute": cfg.model.recompute}
+    return replace(cfg, model=replace(hf_model_cfg, **keep))
+
+
+def setup_run(cfg: RunConfig, kind: str) -> Runtime:
+    """Start (or resume) a run of ``kind`` ('sft' or 'rl')."""
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    cfg = _model_cfg_from_hf(cfg)
+    dist = init_distributed(cfg.parallel, cfg.seed)
+    run_dir = cfg.run_dir
+    if dist.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    tokenizer = load_tokenizer(cfg.model.hf_path)
+    policy = Policy(cfg.model, dist, cfg.train)
+    ckpt = CheckpointManager(run_dir, keep=cfg.checkpoint.keep)
+    latest = ckpt.latest() if cfg.checkpoint.resume else None
+    start_step, state = 0, {}
+    if latest is not None:
+        start_step, state = _resume(policy, ckpt, latest)
+        log.info("resuming %s run from %s (next step %d)", kind, latest, start_step)
+    elif cfg.model.hf_path:
+        sd, _ = convert.load_hf(cfg.model.hf_path)
+        policy.load_hf_state_dict(sd)
+        log.info("initialised policy from %s", cfg.model.hf_path)
+    tracker = Tracker(
+        cfg.tracking,
+        run_dir,
+        to_dict(cfg),
+        resume_step=start_step - 1 if latest is not None else None,
+        enabled=dist.rank == 0,
+    )
+    return Runtime(cfg, dist, tokenizer, policy, ckpt, tracker, start_step, state)
+
+
+def _resume(policy: Policy, ckpt: CheckpointManager, path: Path) -> tuple[int, dict[str, Any]]:
+    rank_state = ckpt.load_rank_state(path)
+    policy.load_model_state_shard(rank_state["model"])
+    policy.load_optimizer_state(rank_state["optimizer"])
+    set_rng_state(rank_state["rng"])
+    return CheckpointManager.step_of(path) + 1, rank_state.get("trainer", {})
+
+
+def save_checkpoint(rt: Runtime, step: int, trainer_state: dict[str, Any]) -> Path:
+    """Checkpoint after optimizer step ``step``: model, optimizer, RNG, trainer state, config."""
+    rank_state = {
+        "model": rt.policy.model_state_shard(),
+        "optimizer": rt.policy.optimizer_state(),
+        "rng": rng_state(),
+        "trainer": trainer_state,
+    }
+    hf_sd = rt.policy.hf_state_dict()
+
+    def write_rank0(tmp: Path) -> None:
+        save_config(rt.cfg, tmp / "config.yaml")
+        export_hf(rt, tmp / "hf", hf_sd)
+
+    return rt.ckpt.save(step, rank_state, write_rank0)
+
+
+def export_hf(rt: Runtime, out_dir: str | Path, hf_sd: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write the policy in HF layout (safetensors + config.json + tokenizer) to ``out_dir``."""
+    sd = hf_sd if hf_sd is not None else rt.policy.hf_state_dict()
+    out = Path(out_dir)
+    if rt.is_main:
+        convert.save_hf(out, sd, rt.cfg.model, tokenizer_from=rt.cfg.model.hf_path)
+        if not rt.cfg.model.hf_path:
+            rt.tokenizer.save_pretrained(str(out))
+    return out
+
+
+def copy_tree_atomic(src: Path, dst: Path) -> None:
+    """Copy a folder to ``dst`` through a temp name, replacing what was there."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)

@@ -1,0 +1,5 @@
+# expect: timeout
+# Hang inside the called function.
+def oracle(n):
+    while True:
+        n += 1

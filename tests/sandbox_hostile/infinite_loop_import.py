@@ -1,0 +1,4 @@
+# expect: timeout
+# Never finish loading.
+while True:
+    pass

@@ -1,0 +1,5 @@
+# expect: error
+# Raise SystemExit(0) while being loaded.
+import sys
+
+sys.exit(0)

@@ -1,0 +1,109 @@
+"""TP=2 and PP=2 (two CPU processes over gloo, launched with torchrun) match TP=1 / PP=1.
+
+Each layout runs tests/dist/policy_equivalence.py from the same seeded HF-layout weights and
+saves logits, packed log-probs/entropies, per-micro-batch losses, the grad norm of one optimizer
+step, and logits + HF weights after that step. Before the step everything must agree within 1e-5
+absolute. After the step, logits are compared within 1e-5 relative to their magnitude: Adam
+turns fp32 rounding differences in the grads (different reduction orders across TP ranks) into
+parameter differences of ~1e-7, which larger logits amplify.
+
+Also here: impossible layouts give one clear ValueError line (pure checks, no processes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model_config
+
+from megatron_rl.model.config import ParallelConfig
+from megatron_rl.model.parallel import validate_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "dist" / "policy_equivalence.py"
+LAYOUTS = {"ref": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # nproc, tp, pp
+
+
+def run_layout(name: str, out_dir: Path) -> dict:
+    nproc, tp, pp = LAYOUTS[name]
+    out = out_dir / f"{name}.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", "0", str(WORKER), "--tp", str(tp), "--pp", str(pp), "--out", str(out)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-3000:]}"
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    out_dir = tmp_path_factory.mktemp("equivalence")
+    return {name: run_layout(name, out_dir) for name in LAYOUTS}
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_parallel_matches_single_process(results: dict[str, dict], layout: str) -> None:
+    ref, par = results["ref"], results[layout]
+    assert max_diff(ref["logits_before"], par["logits_before"]) < 1e-5
+    for key in ("logprobs", "entropy"):
+        for a, b in zip(ref[key], par[key], strict=True):
+            assert max_diff(a, b) < 1e-5, key
+    for m_ref, m_par in zip(ref["metrics"], par["metrics"], strict=True):
+        for k in ("loss", "pg", "entropy"):
+            assert m_par[k] == pytest.approx(m_ref[k], abs=1e-5), k
+    assert par["step"]["grad_norm"] == pytest.approx(ref["step"]["grad_norm"], rel=1e-5)
+    scale = float(ref["logits_after"].abs().max())
+    assert max_diff(ref["logits_after"], par["logits_after"]) < 1e-5 * max(1.0, scale)
+    for name, w in ref["hf_after"].items():
+        assert max_diff(w, par["hf_after"][name]) < 1e-5, name
+
+
+def test_step_changed_the_model(results: dict[str, dict]) -> None:
+    """The after-step comparison has teeth: one step moves logits far more than the tolerance."""
+    ref = results["ref"]
+    assert max_diff(ref["logits_before"], ref["logits_after"]) > 0.1
+    assert ref["step"]["skipped"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("parallel", "world", "model", "match"),
+    [
+        (ParallelConfig(tp=2), 3, {}, r"world size 3 is not divisible by .* = 2"),
+        (ParallelConfig(tp=4), 4, {"num_attention_heads": 2}, r"tp=4 must divide .*heads=2"),
+        (ParallelConfig(tp=2), 2, {"num_query_groups": 1}, r"tp=2 must divide .*groups=1"),
+        (ParallelConfig(pp=3), 3, {"num_layers": 2}, r"pp=3 must divide model.num_layers=2"),
+        (ParallelConfig(cp=2), 2, {}, r"Transformer Engine"),
+        (ParallelConfig(tp=0), 1, {}, r"parallel.tp must be >= 1"),
+    ],
+)
+def test_bad_layout_is_one_clear_line(parallel, world, model, match) -> None:
+    if parallel.cp > 1 and _have_te():
+        pytest.skip("Transformer Engine present: cp > 1 is allowed")
+    with pytest.raises(ValueError, match=match) as err:
+        validate_layout(parallel, world, tiny_model_config(**model))
+    assert "\n" not in str(err.value)
+
+
+def test_init_distributed_rejects_layout_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_rl.model.parallel import init_distributed
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="world size 1 is not divisible"):
+        init_distributed(ParallelConfig(pp=2), seed=0)
+    assert not torch.distributed.is_initialized()
+
+
+def _have_te() -> bool:
+    from megatron_rl.model.parallel import have_transformer_engine
+
+    return have_transformer_engine()

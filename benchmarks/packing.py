@@ -50,7 +50,9 @@ def block_causal_mask(cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 
 def step_packed(model, batch: PackedBatch) -> None:
-    logits = model(batch.tokens[None], batch.position_ids[None], block_causal_mask(batch.cu_seqlens))
+    logits = model(
+        batch.tokens[None], batch.position_ids[None], block_causal_mask(batch.cu_seqlens)
+    )
     lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(1, batch.tokens[1:, None])[:, 0]
     (-(lp * batch.loss_mask[1:]).sum() / max(1.0, float(batch.loss_mask.sum()))).backward()
 
@@ -92,30 +94,39 @@ def main() -> int:
     bins = plan_microbatches(lengths, args.budget, dp_size=1)[0]
     packed = [pack([seqs[i] for i in b], [[1.0] * lengths[i] for i in b]) for b in bins]
     step_padded(model, [seqs[i] for i in rows[0]])  # warm-up (allocator, kernels)
-    model.zero_grad(set_to_none=True)
 
-    t0 = time.perf_counter()
-    for r in rows:
-        step_padded(model, [seqs[i] for i in r])
-    t_padded = time.perf_counter() - t0
-    model.zero_grad(set_to_none=True)
-    t0 = time.perf_counter()
-    for b in packed:
-        step_packed(model, b)
-    t_packed = time.perf_counter() - t0
+    # Interleave the arms (padded step, packed step, ...) so load changes on a shared machine
+    # hit both alike; each arm's time is the sum of its own steps.
+    t_padded = t_packed = 0.0
+    for i in range(max(len(rows), len(packed))):
+        if i < len(rows):
+            t0 = time.perf_counter()
+            step_padded(model, [seqs[j] for j in rows[i]])
+            t_padded += time.perf_counter() - t0
+        if i < len(packed):
+            t0 = time.perf_counter()
+            step_packed(model, packed[i])
+            t_packed += time.perf_counter() - t0
+        model.zero_grad(set_to_none=True)
     destroy_distributed()
 
     pad_padded = padding_fraction(lengths, rows)
     pad_packed = 1.0 - real / (len(bins) * args.budget)  # slack up to the budget (not computed)
     print(f"machine: {os.cpu_count()} cores, torch threads {args.threads}")
     print(f"model: megatron GPTModel {cfg.num_layers}x{cfg.hidden_size}, fwd+bwd, fp32")
-    print(f"batch: {len(seqs)} seqs, {real} real tokens, lengths min {min(lengths)} "
-          f"median {sorted(lengths)[len(lengths) // 2]} max {max(lengths)}")
-    print(f"padded: {len(rows)} micro-batches of {args.batch} seqs, {t_padded:.2f} s, "
-          f"{real / t_padded:.0f} tok/s, padding fraction {pad_padded:.3f}")
-    print(f"packed: {len(bins)} micro-batches <= {args.budget} tokens, {t_packed:.2f} s, "
-          f"{real / t_packed:.0f} tok/s, padding fraction 0.000 "
-          f"(budget left unfilled {pad_packed:.3f})")
+    print(
+        f"batch: {len(seqs)} seqs, {real} real tokens, lengths min {min(lengths)} "
+        f"median {sorted(lengths)[len(lengths) // 2]} max {max(lengths)}"
+    )
+    print(
+        f"padded: {len(rows)} micro-batches of {args.batch} seqs, {t_padded:.2f} s, "
+        f"{real / t_padded:.0f} tok/s, padding fraction {pad_padded:.3f}"
+    )
+    print(
+        f"packed: {len(bins)} micro-batches <= {args.budget} tokens, {t_packed:.2f} s, "
+        f"{real / t_packed:.0f} tok/s, padding fraction 0.000 "
+        f"(budget left unfilled {pad_packed:.3f})"
+    )
     print(f"ratio packed/padded tokens/s: {t_padded / t_packed:.2f}x")
     return 0
 

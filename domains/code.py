@@ -35,46 +35,72 @@ INSTRUCTION = "Reply with the complete Python code in a ```python block."
 
 # kind -> (signature, spec, reference body, input kind); specs use the params of generate()
 KINDS: dict[str, tuple[str, str, str, Any]] = {
-    "sum_multiples": ("sum_multiples(xs: list[int]) -> int",
-                      "Return the sum of the elements of xs divisible by {k}.",
-                      "return sum(x for x in xs if x % {k} == 0)", "ints"),
-    "count_above": ("count_above(xs: list[int]) -> int",
-                    "Return how many elements of xs are greater than {t}.",
-                    "return sum(1 for x in xs if x > {t})", "ints"),
-    "rotate": ("rotate(xs: list[int]) -> list[int]",
-               "Return xs rotated left by {k} positions (wrapping around; [] stays []).",
-               "return xs[{k} % len(xs):] + xs[:{k} % len(xs)] if xs else []", "ints"),
-    "dedupe": ("dedupe(xs: list[int]) -> list[int]",
-               "Return xs without repeated values, keeping first occurrences in order, "
-               "then append the integer {k}.",
-               "return list(dict.fromkeys(xs)) + [{k}]", "ints"),
-    "window_max_sum": ("window_max_sum(xs: list[int]) -> int",
-                       "Return the largest sum of {j} consecutive elements of xs plus {k} "
-                       "(just {k} if xs has fewer than {j} elements).",
-                       "return {k} + max((sum(xs[i:i + {j}]) for i in range(len(xs) - {j} + 1)), "
-                       "default=0)", "ints"),
-    "shift_letters": ("shift_letters(s: str) -> str",
-                      "Shift each lowercase letter of s forward by {k} places in the alphabet "
-                      "(wrapping z to a); keep other characters.",
-                      "return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' "
-                      "else c for c in s)", "text"),
-    "count_char": ("count_char(s: str) -> int",
-                   "Return how many times the letter at alphabet position {k} % 26 (a=0) occurs in "
-                   "s, times {j}.",
-                   "return {j} * s.count(chr(97 + {k} % 26))", "text"),
-    "reverse_words": ("reverse_words(s: str) -> str",
-                      "Reverse the order of the space-separated words of s, then repeat the "
-                      "result {j} times joined by '{sep}'.",
-                      "return '{sep}'.join([' '.join(s.split()[::-1])] * {j})", "text"),
-    "run_length": ("run_length(s: str) -> str",
-                   "Run-length encode s as letter+count pairs (e.g. 'aab' -> 'a2b1'), then "
-                   "append '#{k}'.",
-                   "import itertools\n    return ''.join(c + str(len(list(g))) for c, g in "
-                   "itertools.groupby(s)) + '#{k}'", "text"),
-    "fib_mod": ("fib_mod(n: int) -> int",
-                "Return the n-th Fibonacci number (fib(0)=0, fib(1)=1) modulo {m}.",
-                "a, b = 0, 1\n    for _ in range(n):\n        a, b = b, (a + b) % {m}\n"
-                "    return a % {m}", "small_int"),
+    "sum_multiples": (
+        "sum_multiples(xs: list[int]) -> int",
+        "Return the sum of the elements of xs divisible by {k}.",
+        "return sum(x for x in xs if x % {k} == 0)",
+        "ints",
+    ),
+    "count_above": (
+        "count_above(xs: list[int]) -> int",
+        "Return how many elements of xs are greater than {t}.",
+        "return sum(1 for x in xs if x > {t})",
+        "ints",
+    ),
+    "rotate": (
+        "rotate(xs: list[int]) -> list[int]",
+        "Return xs rotated left by {k} positions (wrapping around; [] stays []).",
+        "return xs[{k} % len(xs):] + xs[:{k} % len(xs)] if xs else []",
+        "ints",
+    ),
+    "dedupe": (
+        "dedupe(xs: list[int]) -> list[int]",
+        "Return xs without repeated values, keeping first occurrences in order, "
+        "then append the integer {k}.",
+        "return list(dict.fromkeys(xs)) + [{k}]",
+        "ints",
+    ),
+    "window_max_sum": (
+        "window_max_sum(xs: list[int]) -> int",
+        "Return the largest sum of {j} consecutive elements of xs plus {k} "
+        "(just {k} if xs has fewer than {j} elements).",
+        "return {k} + max((sum(xs[i:i + {j}]) for i in range(len(xs) - {j} + 1)), default=0)",
+        "ints",
+    ),
+    "shift_letters": (
+        "shift_letters(s: str) -> str",
+        "Shift each lowercase letter of s forward by {k} places in the alphabet "
+        "(wrapping z to a); keep other characters.",
+        "return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)",
+        "text",
+    ),
+    "count_char": (
+        "count_char(s: str) -> int",
+        "Return how many times the letter at alphabet position {k} % 26 (a=0) occurs in "
+        "s, times {j}.",
+        "return {j} * s.count(chr(97 + {k} % 26))",
+        "text",
+    ),
+    "reverse_words": (
+        "reverse_words(s: str) -> str",
+        "Reverse the order of the space-separated words of s, then repeat the "
+        "result {j} times joined by '{sep}'.",
+        "return '{sep}'.join([' '.join(s.split()[::-1])] * {j})",
+        "text",
+    ),
+    "run_length": (
+        "run_length(s: str) -> str",
+        "Run-length encode s as letter+count pairs (e.g. 'aab' -> 'a2b1'), then append '#{k}'.",
+        "import itertools\n    return ''.join(c + str(len(list(g))) for c, g in "
+        "itertools.groupby(s)) + '#{k}'",
+        "text",
+    ),
+    "fib_mod": (
+        "fib_mod(n: int) -> int",
+        "Return the n-th Fibonacci number (fib(0)=0, fib(1)=1) modulo {m}.",
+        "a, b = 0, 1\n    for _ in range(n):\n        a, b = b, (a + b) % {m}\n    return a % {m}",
+        "small_int",
+    ),
 }
 
 
@@ -104,9 +130,13 @@ class FunctionDomain(Domain):
 
     def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         sig, spec, body, input_kind = KINDS[self.kind]
-        params = {"k": rng.randint(2, 99), "j": rng.randint(2, 5), "sep": rng.choice(SEPARATORS),
-                  "t": rng.randint(-20, 20),
-                  "m": rng.choice(PRIMES)}
+        params = {
+            "k": rng.randint(2, 99),
+            "j": rng.randint(2, 5),
+            "sep": rng.choice(SEPARATORS),
+            "t": rng.randint(-20, 20),
+            "m": rng.choice(PRIMES),
+        }
         fn = sig.split("(")[0]
         gold = f"def {sig}:\n    {body.format(**params)}\n"
         namespace: dict[str, Any] = {}
@@ -139,9 +169,17 @@ def score_program(program: str, tests: str) -> tuple[float, dict[str, Any]]:
         compile(program, "program.py", "exec")
         compiles = 1.0
     except (SyntaxError, ValueError):
-        return 0.0, {"parsable": False, "status": "syntax_error", "process_scores": {"compiles": 0.0}}
+        return 0.0, {
+            "parsable": False,
+            "status": "syntax_error",
+            "process_scores": {"compiles": 0.0},
+        }
     res = run_tests(program, tests, timeout_s=RUN_TIMEOUT_S, memory_mb=512)
-    details = {"status": res.status, "stderr": res.stderr[-300:], "process_scores": {"compiles": compiles}}
+    details = {
+        "status": res.status,
+        "stderr": res.stderr[-300:],
+        "process_scores": {"compiles": compiles},
+    }
     return (1.0 if res.status == "passed" else 0.0), details
 
 

@@ -14,10 +14,28 @@ import random
 import re
 from typing import Any
 
+import jsonschema
+
 from megatron_rl.domains.base import Domain, Task, extract_answer
 
-TOPICS = ["river", "garden", "comet", "violin", "harbor", "glacier", "lantern", "orchard",
-          "bakery", "compass", "meadow", "library", "volcano", "tram", "falcon", "quarry"]
+TOPICS = [
+    "river",
+    "garden",
+    "comet",
+    "violin",
+    "harbor",
+    "glacier",
+    "lantern",
+    "orchard",
+    "bakery",
+    "compass",
+    "meadow",
+    "library",
+    "volcano",
+    "tram",
+    "falcon",
+    "quarry",
+]
 FILLER = ["the", "quiet", "old", "bright", "small", "morning", "near", "always", "green", "calm"]
 SECTIONS = ["Summary", "Background", "Method", "Risks", "Timeline", "Budget", "Outcome"]
 _JSON_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -36,7 +54,7 @@ def _words(text: str) -> list[str]:
 class FormatDomain(Domain):
     family = "format"
     levels = (1, 2, 3)
-    time_budget_s = 0.5
+    time_budget_s = 1.0
 
     def __init__(self, rule: str) -> None:
         self.rule = rule
@@ -62,20 +80,34 @@ class FormatDomain(Domain):
     # -- json_schema -------------------------------------------------------------------------
     def _gen_json_schema(self, level: int, rng: random.Random, topic: str) -> tuple[str, str, dict]:
         n_tags, lo = rng.randint(1, 2 + level), rng.randint(1, 50)
-        schema = {"type": "object", "required": ["topic", "count", "tags"],
-                  "additionalProperties": level < 3,
-                  "properties": {"topic": {"const": topic},
-                                 "count": {"type": "integer", "minimum": lo, "maximum": lo + 9},
-                                 "tags": {"type": "array", "items": {"type": "string"},
-                                          "minItems": n_tags, "maxItems": n_tags}}}
-        gold = json.dumps({"topic": topic, "count": lo + rng.randint(0, 9),
-                           "tags": [rng.choice(FILLER) for _ in range(n_tags)]})
-        prompt = f"Reply with only a JSON object valid under this JSON Schema:\n{json.dumps(schema)}"
+        schema = {
+            "type": "object",
+            "required": ["topic", "count", "tags"],
+            "additionalProperties": level < 3,
+            "properties": {
+                "topic": {"const": topic},
+                "count": {"type": "integer", "minimum": lo, "maximum": lo + 9},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": n_tags,
+                    "maxItems": n_tags,
+                },
+            },
+        }
+        gold = json.dumps(
+            {
+                "topic": topic,
+                "count": lo + rng.randint(0, 9),
+                "tags": [rng.choice(FILLER) for _ in range(n_tags)],
+            }
+        )
+        prompt = (
+            f"Reply with only a JSON object valid under this JSON Schema:\n{json.dumps(schema)}"
+        )
         return prompt, gold, {"schema": schema}
 
     def _check_json_schema(self, task: Task, answer: str) -> tuple[bool, str]:
-        import jsonschema
-
         try:
             jsonschema.validate(json.loads(answer), task.meta["schema"])
         except (ValueError, jsonschema.ValidationError) as e:
@@ -97,9 +129,11 @@ class FormatDomain(Domain):
     # -- sections ----------------------------------------------------------------------------
     def _gen_sections(self, level: int, rng: random.Random, topic: str) -> tuple[str, str, dict]:
         names = rng.sample(SECTIONS, level + 1)
-        prompt = (f"Write a short note about a {topic} with exactly these Markdown sections in "
-                  f"this order, each a '## ' heading followed by at least one sentence: "
-                  f"{', '.join(names)}. Mention the {topic}.")
+        prompt = (
+            f"Write a short note about a {topic} with exactly these Markdown sections in "
+            f"this order, each a '## ' heading followed by at least one sentence: "
+            f"{', '.join(names)}. Mention the {topic}."
+        )
         gold = "\n\n".join(f"## {s}\n{_sentence(rng, topic, 6)}" for s in names)
         return prompt, gold, {"sections": names, "topic": topic}
 
@@ -115,8 +149,10 @@ class FormatDomain(Domain):
     # -- bullets -----------------------------------------------------------------------------
     def _gen_bullets(self, level: int, rng: random.Random, topic: str) -> tuple[str, str, dict]:
         n = rng.randint(2, 3 * level + 2)
-        prompt = (f"List exactly {n} bullet points, each line starting with '- ' and each "
-                  f"containing the word '{topic}'. No other lines.")
+        prompt = (
+            f"List exactly {n} bullet points, each line starting with '- ' and each "
+            f"containing the word '{topic}'. No other lines."
+        )
         gold = "\n".join(f"- {_sentence(rng, topic, 5)}" for _ in range(n))
         return prompt, gold, {"n": n, "topic": topic}
 

@@ -70,7 +70,7 @@ def _quadratic(level: int, rng: random.Random) -> tuple[str, Fraction]:
 
 
 def _percent(level: int, rng: random.Random) -> tuple[str, Fraction]:
-    p, n = rng.randint(1, 99), rng.randint(10, 10**(level + 1))
+    p, n = rng.randint(1, 99), rng.randint(10, 10 ** (level + 1))
     return f"What is {p}% of {n}?", Fraction(p * n, 100)
 
 
@@ -99,8 +99,11 @@ def _mean(level: int, rng: random.Random) -> tuple[str, Fraction]:
 
 def _series(level: int, rng: random.Random) -> tuple[str, Fraction]:
     a, d, n = rng.randint(-10, 20), rng.randint(1, 3 * level + 2), rng.randint(5, 10 * level + 10)
-    return (f"What is the sum of the first {n} terms of the arithmetic sequence starting "
-            f"{a}, {a + d}, {a + 2 * d}, ...?", Fraction(n * (2 * a + (n - 1) * d), 2))
+    return (
+        f"What is the sum of the first {n} terms of the arithmetic sequence starting "
+        f"{a}, {a + d}, {a + 2 * d}, ...?",
+        Fraction(n * (2 * a + (n - 1) * d), 2),
+    )
 
 
 def _sqrt(level: int, rng: random.Random) -> tuple[str, str]:

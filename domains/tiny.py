@@ -41,15 +41,18 @@ CONFIGS: dict[str, list[dict[str, Any]]] = {
         {"min_words": 5, "max_words": 7},
     ],
     "count_bits": [
-        {"min_n": 1, "max_n": 15},
+        {"min_n": 1, "max_n": 63},
         {"min_n": 1, "max_n": 255},
         {"min_n": 1, "max_n": 4095},
     ],
 }
 # settings every level of a generator shares
 COMMON: dict[str, dict[str, Any]] = {
-    "basic_arithmetic": {"operators": ("+", "-"), "allow_parentheses": False,
-                         "allow_negation": False},
+    "basic_arithmetic": {
+        "operators": ("+", "-"),
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
 }
 
 
@@ -72,7 +75,9 @@ class TinyDomain(Domain):
 
         return [
             reasoning_gym.create_dataset(
-                self.generator, seed=level, size=POOL_SIZE,
+                self.generator,
+                seed=level,
+                size=POOL_SIZE,
                 **{**COMMON.get(self.generator, {}), **cfg},
             )
             for level, cfg in enumerate(CONFIGS[self.generator])

@@ -35,10 +35,17 @@ from megatron_rl.domains.base import Domain, Env, Observation, Task, extract_ans
 MAX_TURNS = 6  # model turns per episode
 SQL_STEPS = 2_000_000  # SQLite VM steps before a query is aborted
 _TOOL = re.compile(r"<tool>\s*(\w+)\s*:(.*?)</tool>", re.DOTALL)
-_OPS: dict[type, Any] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-                         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
-                         ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
-                         ast.UAdd: operator.pos}
+_OPS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 PRODUCTS = ["lamp", "chair", "desk", "shelf", "rug", "mirror", "clock", "vase"]
 CUSTOMERS = ["ana", "ben", "chen", "dara", "eli", "fay", "gus", "hana", "ivo", "jun"]
 
@@ -79,11 +86,23 @@ def build_db(seed: int, rows: int) -> sqlite3.Connection:
     """The task's database: ``orders(id, customer, product, quantity, price)``, read-only."""
     rng = random.Random(seed)
     con = sqlite3.connect(":memory:", check_same_thread=False)
-    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT, product TEXT, "
-                "quantity INTEGER, price REAL)")
-    con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)", [
-        (i, rng.choice(CUSTOMERS), rng.choice(PRODUCTS), rng.randint(1, 20),
-         rng.randint(100, 9999) / 100) for i in range(1, rows + 1)])
+    con.execute(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT, product TEXT, "
+        "quantity INTEGER, price REAL)"
+    )
+    con.executemany(
+        "INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+        [
+            (
+                i,
+                rng.choice(CUSTOMERS),
+                rng.choice(PRODUCTS),
+                rng.randint(1, 20),
+                rng.randint(100, 9999) / 100,
+            )
+            for i in range(1, rows + 1)
+        ],
+    )
     con.execute("PRAGMA query_only = ON")
     return con
 
@@ -94,7 +113,9 @@ class ToolEnv(Env):
     def __init__(self, task: Task) -> None:
         self.task = task
         self.turns = 0
-        self.db = build_db(task.meta["db_seed"], task.meta["rows"]) if "db_seed" in task.meta else None
+        self.db = (
+            build_db(task.meta["db_seed"], task.meta["rows"]) if "db_seed" in task.meta else None
+        )
 
     def step(self, model_turn: str) -> Observation:
         self.turns += 1
@@ -142,28 +163,46 @@ class ToolDomain(Domain):
         expr = str(nums[0]) + "".join(f" {o} {n}" for o, n in zip(ops, nums[1:], strict=True))
         expr = f"({expr}) / {rng.choice([2, 4, 5, 8])}"
         gold = fmt_number(calculate(expr))
-        prompt = (f"Compute {expr}. You can call <tool>calculator: EXPRESSION</tool>; "
-                  "give the final result as <answer>NUMBER</answer>.")
-        return prompt, gold, {"gold_actions": [f"<tool>calculator: {expr}</tool>",
-                                               f"<answer>{gold}</answer>"]}
+        prompt = (
+            f"Compute {expr}. You can call <tool>calculator: EXPRESSION</tool>; "
+            "give the final result as <answer>NUMBER</answer>."
+        )
+        return (
+            prompt,
+            gold,
+            {"gold_actions": [f"<tool>calculator: {expr}</tool>", f"<answer>{gold}</answer>"]},
+        )
 
     def _sql(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         seed, rows = rng.randrange(2**31), {1: 20, 2: 100, 3: 500}[level]
         product, customer = rng.choice(PRODUCTS), rng.choice(CUSTOMERS)
-        question, query = rng.choice([
-            (f"How many units of {product} were ordered in total?",
-             f"SELECT COALESCE(SUM(quantity), 0) FROM orders WHERE product = '{product}'"),
-            (f"How many orders did {customer} place?",
-             f"SELECT COUNT(*) FROM orders WHERE customer = '{customer}'"),
-            (f"What is the highest price paid for {product} (0 if never ordered)?",
-             f"SELECT COALESCE(MAX(price), 0) FROM orders WHERE product = '{product}'"),
-        ])
+        question, query = rng.choice(
+            [
+                (
+                    f"How many units of {product} were ordered in total?",
+                    f"SELECT COALESCE(SUM(quantity), 0) FROM orders WHERE product = '{product}'",
+                ),
+                (
+                    f"How many orders did {customer} place?",
+                    f"SELECT COUNT(*) FROM orders WHERE customer = '{customer}'",
+                ),
+                (
+                    f"What is the highest price paid for {product} (0 if never ordered)?",
+                    f"SELECT COALESCE(MAX(price), 0) FROM orders WHERE product = '{product}'",
+                ),
+            ]
+        )
         gold = fmt_number(float(build_db(seed, rows).execute(query).fetchone()[0]))
-        prompt = ("A SQLite database has a table orders(id INTEGER, customer TEXT, product TEXT, "
-                  f"quantity INTEGER, price REAL). {question} Query it with <tool>sql: QUERY</tool>; "
-                  "give the final result as <answer>NUMBER</answer>.")
-        meta = {"db_seed": seed, "rows": rows,
-                "gold_actions": [f"<tool>sql: {query}</tool>", f"<answer>{gold}</answer>"]}
+        prompt = (
+            "A SQLite database has a table orders(id INTEGER, customer TEXT, product TEXT, "
+            f"quantity INTEGER, price REAL). {question} Query it with <tool>sql: QUERY</tool>; "
+            "give the final result as <answer>NUMBER</answer>."
+        )
+        meta = {
+            "db_seed": seed,
+            "rows": rows,
+            "gold_actions": [f"<tool>sql: {query}</tool>", f"<answer>{gold}</answer>"],
+        }
         return prompt, gold, meta
 
     def env(self, task: Task) -> Env:

@@ -12,6 +12,7 @@ import importlib
 import logging
 import pkgutil
 import sys
+import warnings
 
 import launch.commands as commands_pkg
 
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose:  # megatron-core and friends are chatty at INFO
+        # "Apex / Transformer Engine not installed, falling back to torch": expected on CPU
+        warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|TE ).*")
+        for name in ("megatron", "transformers", "vllm", "httpx", "urllib3"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2

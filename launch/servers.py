@@ -97,6 +97,7 @@ class Fleet:
         health_timeout_s: float = 300.0,
         server_args: list[str] | None = None,
         sync_dir: str | None = None,
+        gpu_ids: list[int] | None = None,
     ) -> None:
         if num_servers < 0:
             raise ValueError(f"num_servers must be >= 0, got {num_servers}")
@@ -109,7 +110,7 @@ class Fleet:
         self.host = host or "127.0.0.1"
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        gpus = assign_gpus(num_servers, gpus_per_server)
+        gpus = assign_gpus(num_servers, gpus_per_server, gpu_ids)
         tag = socket.gethostname().split(".")[0]
         self.servers = [
             Proc(f"server-{tag}-{i}", "server", self.host, free_port(), g, "")
@@ -146,7 +147,7 @@ class Fleet:
             "--policy", "round_robin", "--disable-retries",
             "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
             "--worker-startup-timeout-secs", str(int(self.health_timeout_s)),
-            "--log-level", "warn",
+            "--shutdown-grace-period-secs", "2", "--log-level", "warn",
         ]  # fmt: skip
 
     def _spawn(self, p: Proc, cmd: list[str]) -> None:
@@ -155,7 +156,12 @@ class Fleet:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         with open(p.log, "ab") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         self._popen[p.name] = proc
         p.pid, p.cmd = proc.pid, cmd
@@ -171,9 +177,24 @@ class Fleet:
             self.wait_healthy(self.router, "/health")
         for p in self.servers:
             self.wait_healthy(p, "/health")
+            self.load_current_weights(p)  # a trainer may already be running (restarted node)
             self.register(p)
         self.write_manifest()
         return self
+
+    def wait_workers(self, expected: int) -> None:
+        """Wait until the router lists ``expected`` healthy workers (ValueError on timeout)."""
+        deadline = time.monotonic() + self.health_timeout_s
+        healthy: list[str] = []
+        while time.monotonic() < deadline:
+            healthy = [w["url"] for w in self.router_workers() if w.get("is_healthy", True)]
+            if len(healthy) >= expected:
+                return
+            time.sleep(1.0)
+        raise ValueError(
+            f"router {self.router_url} lists {len(healthy)} healthy servers {healthy} after "
+            f"{self.health_timeout_s:.0f} s, expected {expected}; server logs: {self.logs}"
+        )
 
     def wait_healthy(self, p: Proc, path: str) -> None:
         deadline = time.monotonic() + self.health_timeout_s
@@ -196,10 +217,16 @@ class Fleet:
         """Add a server to the router and wait until the router lists it."""
         if not self.router_url:
             return
-        status, text = http("POST", f"{self.router_url}/workers", {"url": p.url}, timeout=10)
-        if status not in (200, 201, 202):
-            raise ValueError(f"router {self.router_url} refused worker {p.url}: {status} {text}")
         deadline = time.monotonic() + self.health_timeout_s
+        status, text = 0, ""
+        while status not in (200, 201, 202) and time.monotonic() < deadline:
+            status, text = http("POST", f"{self.router_url}/workers", {"url": p.url}, timeout=10)
+            if status == 0:  # router not up yet (it may start on another node)
+                time.sleep(1.0)
+            elif status not in (200, 201, 202):
+                raise ValueError(f"router {self.router_url} refused {p.url}: {status} {text}")
+        if status == 0:
+            raise ValueError(f"router {self.router_url} unreachable for {self.health_timeout_s} s")
         while time.monotonic() < deadline:
             for w in self.router_workers():
                 if w["url"].rstrip("/") == p.url and w.get("is_healthy", True):
@@ -301,6 +328,20 @@ class Fleet:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the fleet process dies, even by SIGKILL (Linux).
+
+    Servers run in their own session so that a stop reaches their children; this keeps them
+    from outliving a fleet that was killed without a chance to stop them.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)  # the process and anything it started (its own session)
@@ -317,11 +358,14 @@ def visible_gpus() -> list[int]:
     return []
 
 
-def assign_gpus(num_servers: int, gpus_per_server: int) -> list[list[int]]:
-    """GPU ids for each server; ValueError when the node has fewer than asked for."""
+def assign_gpus(
+    num_servers: int, gpus_per_server: int, gpu_ids: list[int] | None = None
+) -> list[list[int]]:
+    """GPU ids for each server (from ``gpu_ids``, else the visible ones); ValueError when the
+    node has fewer than asked for."""
     if gpus_per_server == 0:
         return [[] for _ in range(num_servers)]
-    have = visible_gpus()
+    have = gpu_ids if gpu_ids is not None else visible_gpus()
     need = num_servers * gpus_per_server
     if need > len(have):
         raise ValueError(

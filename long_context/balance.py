@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from long_context.packing import PackedBatch, budget_bins
+from long_context.packing import PackedBatch, budget_bins, pack
 
 Plan = list[list[list[int]]]  # [rank][micro-batch] -> indices into the caller's sequence list
 
@@ -77,16 +77,12 @@ def kk_partition(lengths: Sequence[int], k: int) -> list[list[int]]:
     while len(heap) > 1:
         _, _, sums_a, sets_a = heapq.heappop(heap)
         _, _, sums_b, sets_b = heapq.heappop(heap)
-        merged = [
-            (sums_a[j] + sums_b[k - 1 - j], sets_a[j] + sets_b[k - 1 - j]) for j in range(k)
-        ]
+        merged = [(sums_a[j] + sums_b[k - 1 - j], sets_a[j] + sets_b[k - 1 - j]) for j in range(k)]
         merged.sort(key=lambda p: -p[0])
         sums = [s for s, _ in merged]
         heapq.heappush(heap, (sums[-1] - sums[0], tiebreak, sums, [s for _, s in merged]))
         tiebreak += 1
-    if not heap:
-        return [[] for _ in range(k)]
-    return heap[0][3]
+    return heap[0][3] if heap else [[] for _ in range(k)]
 
 
 def spread(parts: Sequence[Sequence[int]], lengths: Sequence[int]) -> int:
@@ -153,7 +149,10 @@ def plan_step(
 
 
 def dummy_batch(pad_id: int = 0) -> PackedBatch:
-    """The micro-batch an empty bin becomes: one pad token, nothing trained (loss_mask 0)."""
+    """The micro-batch an empty bin becomes: one pad token, nothing trained (loss_mask 0).
+
+    Its ``seq_ids`` is empty: nothing from it scatters back to the caller.
+    """
     return PackedBatch(
         tokens=torch.tensor([pad_id], dtype=torch.long),
         cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
@@ -161,6 +160,29 @@ def dummy_batch(pad_id: int = 0) -> PackedBatch:
         position_ids=torch.zeros(1, dtype=torch.long),
         seq_ids=[],
     )
+
+
+def build_batches(
+    bins: Sequence[Sequence[int]],
+    seqs: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[float]],
+    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    pad_id: int = 0,
+) -> list[PackedBatch]:
+    """One rank's bins (``plan[rank]``) -> its packed micro-batches; empty bins become dummies.
+
+    ``seq_ids`` of each batch are the caller's indices, so results scatter back with ``unpack``.
+    """
+    out = []
+    for b in bins:
+        if not b:
+            out.append(dummy_batch(pad_id))
+            continue
+        picked: dict[str, Sequence[Sequence[float]]] = {
+            k: [v[i] for i in b] for k, v in (extras or {}).items()
+        }
+        out.append(pack([seqs[i] for i in b], [loss_masks[i] for i in b], list(b), picked))
+    return out
 
 
 def padding_fraction(lengths: Sequence[int], rows: Sequence[Sequence[int]]) -> float:

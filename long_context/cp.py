@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -113,7 +114,9 @@ def to_padded(values: torch.Tensor, layout: CPLayout, fill: float | int = 0) -> 
     return out
 
 
-def next_token_view(values: torch.Tensor, cu_seqlens: torch.Tensor, fill: float | int = 0):
+def next_token_view(
+    values: torch.Tensor, cu_seqlens: torch.Tensor, fill: float | int = 0
+) -> torch.Tensor:
     """Shift per-token values one step left inside each sequence: out[t] = values[t + 1].
 
     The last position of every sequence gets ``fill``. values: [T, ...] -> [T, ...].
@@ -125,7 +128,9 @@ def next_token_view(values: torch.Tensor, cu_seqlens: torch.Tensor, fill: float 
     return out
 
 
-def to_token_aligned(next_values: torch.Tensor, cu_seqlens: torch.Tensor, fill: float = 0.0):
+def to_token_aligned(
+    next_values: torch.Tensor, cu_seqlens: torch.Tensor, fill: float = 0.0
+) -> torch.Tensor:
     """Inverse of :func:`next_token_view`: out[t] = next_values[t - 1]; sequence starts: fill."""
     out = next_values.new_full(next_values.shape, fill)
     out[1:] = next_values[:-1]
@@ -190,14 +195,14 @@ def merge(per_rank: list[torch.Tensor], layout: CPLayout) -> torch.Tensor:
     return padded[layout.src >= 0]
 
 
-def all_gather_merge(local: torch.Tensor, layout: CPLayout, group=None) -> torch.Tensor:
+def all_gather_merge(local: torch.Tensor, layout: CPLayout, group: Any = None) -> torch.Tensor:
     """All-gather a local per-token tensor over the CP group and reassemble it (no grad)."""
     parts = [torch.empty_like(local) for _ in range(layout.cp)]
     dist.all_gather(parts, local.detach().contiguous(), group=group)
     return merge(parts, layout)
 
 
-def all_reduce_sum(value: torch.Tensor, group=None) -> torch.Tensor:
+def all_reduce_sum(value: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Sum a (detached) scalar such as a local loss sum over the CP group, for logging."""
     out = value.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)

@@ -165,7 +165,9 @@ def generate(
 ) -> LongTask:
     """Task of ``kind`` at curriculum ``level`` (length from :func:`level_tokens`)."""
     if kind not in GENERATORS:
-        raise ValueError(f"unknown long-context task kind {kind!r}; choose one of {list(GENERATORS)}")
+        raise ValueError(
+            f"unknown long-context task kind {kind!r}; choose one of {list(GENERATORS)}"
+        )
     target = level_tokens(level)
     if kind == "kv_chain":
         return kv_chain(seed, target, count_tokens, hops=2 + level // 2)

@@ -84,7 +84,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(f"{key}={value!r} does not match any of {[_type_name(a) for a in args]}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
@@ -151,18 +151,14 @@ def to_dict(obj: Any) -> Any:
 
 
 def validate(obj: Any, prefix: str = "") -> None:
-    """Run every nested ``validate()`` (children first); re-raise with the section name."""
+    """Run every nested ``validate()`` (children first)."""
     if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
         return
     for f in dataclasses.fields(obj):
         validate(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
     check = getattr(obj, "validate", None)
     if callable(check):
-        try:
-            check()
-        except ValueError as e:
-            msg = str(e)
-            raise ValueError(msg if not prefix or msg.startswith(prefix) else f"{prefix}: {msg}")
+        check()  # component messages name their full dotted key
 
 
 def _parse_scalar(text: str) -> Any:

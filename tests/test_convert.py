@@ -13,14 +13,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.torch
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -38,22 +41,22 @@ TOKENIZER_FILES = {
 
 def _make_hf(path: Path, arch: str, dtype: torch.dtype = torch.float32) -> Path:
     """A random tiny HF checkpoint with tokenizer/generation files; returns its directory."""
-    common = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4, num_key_value_heads=2,
-                  bos_token_id=1, eos_token_id=2, max_position_embeddings=256)  # fmt: skip
+    kwargs: dict[str, Any] = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4,
+                                  num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
+                                  max_position_embeddings=256)  # fmt: skip
+    model: PreTrainedModel
     if arch == "qwen2":
-        config = Qwen2Config(intermediate_size=96, num_attention_heads=4, rope_theta=50000.0,
-                             tie_word_embeddings=False, **common)  # fmt: skip
-        model = Qwen2ForCausalLM(config)
+        kwargs.update(intermediate_size=96, num_attention_heads=4, rope_theta=50000.0)
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **kwargs))
     else:
-        config = LlamaConfig(intermediate_size=128, num_attention_heads=8, rms_norm_eps=1e-5,
-                             tie_word_embeddings=True, **common)  # fmt: skip
-        model = LlamaForCausalLM(config)
+        kwargs.update(intermediate_size=128, num_attention_heads=8, rms_norm_eps=1e-5)
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **kwargs))
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             offset = 1.0 if "norm" in name else 0.0
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + offset)
-    model.to(dtype).save_pretrained(path)
+    torch.nn.Module.to(model, dtype).save_pretrained(path)
     for name, text in TOKENIZER_FILES.items():
         (path / name).write_text(text)
     return path
@@ -64,10 +67,6 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("hf")
     return {arch: _make_hf(root / arch, arch) for arch in ("qwen2", "llama")}
-
-
-def _run_cli(argv: list[str]) -> int:
-    return cli.main(argv)
 
 
 def _tensors(d: Path) -> dict[str, torch.Tensor]:
@@ -82,11 +81,11 @@ def test_cli_round_trip_is_bit_exact(hf_dirs, tmp_path, arch, tp, pp):
     src = hf_dirs[arch]
     meg, back = tmp_path / "meg", tmp_path / "back"
     args = ["--hf", str(src), "--out", str(meg), "--tp", str(tp), "--pp", str(pp)]
-    assert _run_cli(["convert", "hf-to-megatron", *args]) == 0
+    assert cli.main(["convert", "hf-to-megatron", *args]) == 0
     assert sorted(p.name for p in meg.glob("mp_rank_*")) == sorted(
         f"mp_rank_{t:02d}_{p:03d}" for t in range(tp) for p in range(pp)
     )
-    assert _run_cli(["convert", "megatron-to-hf", "--ckpt", str(meg), "--out", str(back)]) == 0
+    assert cli.main(["convert", "megatron-to-hf", "--ckpt", str(meg), "--out", str(back)]) == 0
     orig, got = _tensors(src), _tensors(back)
     assert sorted(got) == sorted(orig)
     for name, t in orig.items():
@@ -107,9 +106,9 @@ def test_cli_round_trip_is_bit_exact(hf_dirs, tmp_path, arch, tp, pp):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_round_trip_output_loads_in_transformers_with_identical_logits(hf_dirs, tmp_path, arch):
     meg, back = tmp_path / "meg", tmp_path / "back"
-    assert _run_cli(["convert", "hf-to-megatron", "--hf", str(hf_dirs[arch]), "--out", str(meg),
+    assert cli.main(["convert", "hf-to-megatron", "--hf", str(hf_dirs[arch]), "--out", str(meg),
                      "--tp", "2"]) == 0  # fmt: skip
-    assert _run_cli(["convert", "megatron-to-hf", "--ckpt", str(meg), "--out", str(back)]) == 0
+    assert cli.main(["convert", "megatron-to-hf", "--ckpt", str(meg), "--out", str(back)]) == 0
     tokens = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(hf_dirs[arch]).eval()(tokens).logits
@@ -119,10 +118,6 @@ def test_round_trip_output_loads_in_transformers_with_identical_logits(hf_dirs, 
 
 # ----------------------------------------------------------------------------------------------
 # the shard layout, checked against an independent head-by-head construction
-
-
-def _load(arch_dir: Path) -> tuple[dict[str, torch.Tensor], object]:
-    return hf_io.load_hf(arch_dir)
 
 
 def test_qkv_is_grouped_per_query_group_and_split_over_tp(hf_dirs):
@@ -219,14 +214,29 @@ def test_config_mapping_round_trips_and_transformers_reads_ours(hf_dirs, tmp_pat
         (tmp_path / arch).mkdir()
         (tmp_path / arch / "config.json").write_text(json.dumps(ours))
         hf_cfg = AutoModelForCausalLM.from_config(
-            __import__("transformers").AutoConfig.from_pretrained(tmp_path / arch)
+            AutoConfig.from_pretrained(tmp_path / arch)
         ).config
         assert hf_cfg.num_key_value_heads == cfg.num_query_groups
         assert hf_cfg.tie_word_embeddings == cfg.tie_embeddings
+        rope = getattr(hf_cfg, "rope_parameters", None) or {"rope_theta": hf_cfg.rope_theta}
+        assert rope["rope_theta"] == cfg.rotary_base
     _, qwen = hf_io.load_hf_config(hf_dirs["qwen2"])
     assert (qwen.qkv_bias, qwen.rotary_base, qwen.tie_embeddings) == (True, 50000.0, False)
     _, llama = hf_io.load_hf_config(hf_dirs["llama"])
     assert (llama.qkv_bias, llama.norm_epsilon, llama.tie_embeddings) == (False, 1e-5, True)
+
+
+@pytest.mark.parametrize(("arch", "change", "message"), [
+    ("llama", {"attention_bias": True}, "attention_bias"),
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+    ("qwen2", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama", {"head_dim": 16}, "head_dim"),
+    ("qwen2", {"num_key_value_heads": 3}, "num_query_groups"),
+])  # fmt: skip
+def test_configs_we_cannot_express_exactly_are_refused(hf_dirs, arch, change, message):
+    config = json.loads((hf_dirs[arch] / "config.json").read_text())
+    with pytest.raises(ValueError, match=message):
+        hf_io.model_config_from_hf({**config, **change})
 
 
 def test_sharded_safetensors_index_is_written_and_read(hf_dirs, tmp_path):
@@ -264,8 +274,9 @@ def test_megatron_logits_match_hf_tp1(hf_dirs, arch):
         tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(2))
         positions = torch.arange(16).expand(2, 16)
         mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)[None, None]
+        device = next(model.parameters()).device  # the GPU on a CUDA machine
         with torch.no_grad():
-            got = model(tokens, positions, mask)
+            got = model(tokens.to(device), positions.to(device), mask.to(device)).cpu()
             ref = AutoModelForCausalLM.from_pretrained(hf_dirs[arch]).eval()(tokens).logits
     finally:
         destroy_distributed()
@@ -276,11 +287,11 @@ def test_megatron_logits_match_hf_tp1(hf_dirs, arch):
 
 def _torchrun_logits(hf_dir: Path, tmp_path: Path, tp: int, pp: int) -> dict:
     meg = tmp_path / f"meg_tp{tp}_pp{pp}"
-    assert _run_cli(["convert", "hf-to-megatron", "--hf", str(hf_dir), "--out", str(meg),
+    assert cli.main(["convert", "hf-to-megatron", "--hf", str(hf_dir), "--out", str(meg),
                      "--tp", str(tp), "--pp", str(pp)]) == 0  # fmt: skip
     result = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={tp * pp}",
-           "--master_port=0", str(REPO / "tests/dist/convert_logits.py"), "--hf", str(hf_dir),
+           "--standalone", str(REPO / "tests/dist/convert_logits.py"), "--hf", str(hf_dir),
            "--ckpt", str(meg), "--result", str(result)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -305,7 +316,7 @@ def test_megatron_logits_match_hf_tp2_pp2(hf_dirs, tmp_path):
 
 
 def _cli_error(capsys, argv: list[str]) -> str:
-    assert _run_cli(argv) == 2
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     return err
@@ -355,7 +366,7 @@ def test_missing_or_mismatched_tensors_name_the_file(capsys, hf_dirs, tmp_path):
 
 def test_bad_megatron_dir_and_existing_output(capsys, hf_dirs, tmp_path):
     meg = tmp_path / "meg"
-    assert _run_cli(["convert", "hf-to-megatron", "--hf", str(hf_dirs["llama"]), "--out",
+    assert cli.main(["convert", "hf-to-megatron", "--hf", str(hf_dirs["llama"]), "--out",
                      str(meg), "--tp", "2"]) == 0  # fmt: skip
     capsys.readouterr()
     err = _cli_error(capsys, ["convert", "hf-to-megatron", "--hf", str(hf_dirs["llama"]),

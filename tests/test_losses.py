@@ -15,6 +15,7 @@ from megatron_rl.train.losses import (
     entropy_from_logits,
     kl_estimate,
     kl_reward_penalty,
+    mismatch_metrics,
     policy_loss,
     rl_loss,
     step_normalizer,
@@ -215,3 +216,12 @@ def test_rl_loss_missing_inputs_are_named() -> None:
         rl_loss(x, x, torch.ones(1), torch.ones(1, 2), RLConfig(entropy_coef=0.1), 2.0)
     with pytest.raises(ValueError, match="token_mean"):
         aggregate(x, torch.ones(1, 2), "sum", 1.0)  # type: ignore[arg-type]
+
+
+def test_mismatch_metrics_ignore_padding() -> None:
+    train = torch.tensor([[-1.0, -2.0, -3.0]])
+    rollout = torch.tensor([[-1.1, -1.7, 50.0]])
+    m = mismatch_metrics(train, rollout, torch.tensor([[1, 1, 0]]))
+    assert m["mismatch/mean_abs"] == pytest.approx(0.2)
+    assert m["mismatch/max_abs"] == pytest.approx(0.3)
+    assert mismatch_metrics(train, rollout, torch.zeros(1, 3))["mismatch/max_abs"] == 0.0

@@ -8,6 +8,7 @@ import pytest
 
 from long_context.balance import (
     assign_ranks,
+    build_batches,
     dummy_batch,
     kk_partition,
     lpt_partition,
@@ -16,6 +17,7 @@ from long_context.balance import (
     plan_step,
     spread,
 )
+from long_context.packing import unpack
 
 
 def long_tail(n: int, seed: int) -> list[int]:
@@ -97,6 +99,27 @@ def test_step_plan_shares_ranks_and_uses_two_budgets() -> None:
     for rank in step.logprob:
         for mb in rank:
             assert sum(lengths[i] for i in mb) <= 8192 or len(mb) == 1
+
+
+def test_build_batches_scatter_back_and_dummies() -> None:
+    lengths = [6, 3, 9, 2, 7]
+    seqs = [[100 * i + t for t in range(n)] for i, n in enumerate(lengths)]
+    masks = [[1.0] * n for n in lengths]
+    adv = [[float(i)] * n for i, n in enumerate(lengths)]
+    plan = plan_microbatches(lengths, budget=10, dp_size=2)
+    seen = {}
+    for rank in plan:
+        batches = build_batches(rank, seqs, masks, {"adv": adv}, pad_id=7)
+        assert len(batches) == len(rank)
+        for b, mb in zip(batches, rank, strict=True):
+            assert b.seq_ids == mb
+            if not mb:
+                assert b.tokens.tolist() == [7] and b.loss_mask.tolist() == [0.0]
+            for i, toks in zip(b.seq_ids, unpack(b.tokens, b), strict=False):
+                seen[i] = toks.tolist()
+            for i, a in zip(b.seq_ids, unpack(b.extras.get("adv", b.tokens), b), strict=False):
+                assert set(a.tolist()) == {float(i)}
+    assert seen == dict(enumerate(seqs))
 
 
 def test_padding_fraction_values() -> None:

@@ -21,30 +21,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import tiny_model_config
 
 from long_context.packing import PackedBatch, pack
-from megatron_rl.model.config import ModelConfig, ParallelConfig
 
 LENS = [5, 17, 9, 30]
-CFG = ModelConfig(
-    num_layers=2,
-    hidden_size=64,
-    ffn_hidden_size=128,
-    num_attention_heads=2,
-    num_query_groups=1,
-    vocab_size=128,
-    max_position_embeddings=128,
-)
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    from megatron_rl.model.parallel import destroy_distributed, init_distributed
-
-    torch.set_num_threads(1)
-    info = init_distributed(ParallelConfig(), seed=1234, model=CFG)
-    yield info
-    destroy_distributed()
+CFG = tiny_model_config()  # 2 layers, hidden 64, head size 32, vocab 128
 
 
 def make_data() -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
@@ -53,6 +35,11 @@ def make_data() -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
     masks = [[float(i >= n // 2) for i in range(n)] for n in LENS]  # response = second half
     advs = [[rng.uniform(-1, 1)] * n for n in LENS]
     return seqs, masks, advs
+
+
+def one_per_batch(seqs, masks, advs) -> list[PackedBatch]:
+    """One packed batch per sequence (the unpacked layout)."""
+    return [pack([s], [m], extras={"adv": [a]}) for s, m, a in zip(seqs, masks, advs, strict=True)]
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -109,14 +96,14 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         assert err < 1e-5, f"{name}: max abs diff {err:.2e}"
 
 
-def test_packed_unpacked_padded_grads_agree_megatron_gpt(dist_info) -> None:
+def test_packed_unpacked_padded_grads_agree_megatron_gpt(dist1) -> None:
     from megatron_rl.model.gpt import build_gpt_model
 
     model = build_gpt_model(CFG, pre_process=True, post_process=True)
     seqs, masks, advs = make_data()
     one = pack(seqs, masks, extras={"adv": advs})
     n_global = float(one.loss_mask.sum())  # response tokens of the whole step
-    singles = [pack([s], [m], extras={"adv": [a]}) for s, m, a in zip(seqs, masks, advs)]
+    singles = one_per_batch(seqs, masks, advs)
 
     g_packed = grads_of(model, lambda: packed_loss(model, one, n_global).backward())
 
@@ -125,11 +112,10 @@ def test_packed_unpacked_padded_grads_agree_megatron_gpt(dist_info) -> None:
             packed_loss(model, b, n_global).backward()
 
     g_unpacked = grads_of(model, unpacked)
-    g_padded = grads_of(
-        model, lambda: padded_loss(model, seqs, masks, advs, n_global).backward()
-    )
+    g_padded = grads_of(model, lambda: padded_loss(model, seqs, masks, advs, n_global).backward())
     assert_same(g_packed, g_unpacked)
     assert_same(g_packed, g_padded)
+
     # The check has teeth: normalising per micro-batch instead of globally changes the grads.
     def per_microbatch_norm() -> None:
         for b in singles:
@@ -139,15 +125,15 @@ def test_packed_unpacked_padded_grads_agree_megatron_gpt(dist_info) -> None:
     assert max((g_wrong[n] - g_packed[n]).abs().max().item() for n in g_packed) > 1e-4
 
 
-def test_packed_unpacked_grads_agree_through_policy(dist_info) -> None:
+def test_packed_unpacked_grads_agree_through_policy(dist1) -> None:
     policy_mod = pytest.importorskip("megatron_rl.model.policy", reason="Policy not landed yet")
     from megatron_rl.train.config import TrainConfig
 
-    policy = policy_mod.Policy(CFG, dist_info, TrainConfig(grad_clip=0.0))
+    policy = policy_mod.Policy(CFG, dist1, TrainConfig(grad_clip=0.0))
     seqs, masks, advs = make_data()
     one = pack(seqs, masks, extras={"adv": advs})
     n_global = float(one.loss_mask.sum())
-    singles = [pack([s], [m], extras={"adv": [a]}) for s, m, a in zip(seqs, masks, advs)]
+    singles = one_per_batch(seqs, masks, advs)
 
     def loss_fn(batch: PackedBatch, logprobs: torch.Tensor, entropy):
         loss = -(batch.extras["adv"] * logprobs * batch.loss_mask).sum() / n_global

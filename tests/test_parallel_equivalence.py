@@ -13,6 +13,7 @@ Also here: impossible layouts give one clear ValueError line (pure checks, no pr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,11 +33,20 @@ LAYOUTS = {"ref": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # nproc, tp, p
 def run_layout(name: str, out_dir: Path) -> dict:
     nproc, tp, pp = LAYOUTS[name]
     out = out_dir / f"{name}.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", "0", str(WORKER), "--tp", str(tp), "--pp", str(pp), "--out", str(out)]  # fmt: skip
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    args = ["--tp", str(tp), "--pp", str(pp), "--out", str(out)]
+    cmd = [*launcher, "--nproc_per_node", str(nproc), str(WORKER), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-3000:]}"
+    # Own session, so a hang is cleaned up whole (torchrun's workers included) on timeout.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{name}: torchrun did not finish within 240 s")
+    assert proc.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
     return torch.load(out, weights_only=False)
 
 

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.rollout.base import build_engine as build
 from megatron_rl.rollout.config import RolloutConfig
+from megatron_rl.rollout.hf_engine import nucleus_filter
 from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.weight_sync import sync_weights
 
@@ -136,6 +137,27 @@ def test_logprobs_match_transformers(engine: RolloutEngine, model_dir: Path, tem
         assert raw_gap > 1e-2
 
 
+def test_top_p_logprobs_renormalise_over_the_nucleus(
+    engine: RolloutEngine, model_dir: Path
+) -> None:
+    ps = prompts(2)
+    reqs = [
+        GenRequest(p, SamplingParams(top_p=0.6, max_tokens=6, n=4, seed=i))
+        for i, p in enumerate(ps)
+    ]
+    model = reference_model(model_dir)
+    for p, cs in zip(ps, engine.generate(reqs), strict=True):
+        for c in cs:
+            with torch.no_grad():
+                logits = model(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1 : -1]
+            kept = torch.isfinite(nucleus_filter(logits, 0.6))
+            probs = torch.softmax(logits, dim=-1)
+            tok = torch.tensor(c.token_ids)
+            assert kept.gather(-1, tok[:, None]).all()  # never samples outside the nucleus
+            want = torch.log(probs.gather(-1, tok[:, None])[:, 0] / (probs * kept).sum(-1))
+            assert (want - torch.tensor(c.logprobs)).abs().max().item() < FP32_BOUND
+
+
 def test_seeds_reproduce(engine: RolloutEngine) -> None:
     def run(seed: int) -> list[list[int]]:
         req = GenRequest(prompts(1)[0], SamplingParams(max_tokens=16, n=4, seed=seed))
@@ -158,6 +180,7 @@ def test_update_weights_reaches_cached_prefixes(engine: RolloutEngine, model_dir
     metrics = sync_weights(engine, new, mode="memory")
     assert metrics["sync/seconds"] > 0 and metrics["sync/bytes"] > 1e6
     out = engine.generate(reqs)
+    assert engine.stats["rollout/cached_prompt_tokens"] > 0  # the prefix path was exercised
     old_model, new_model = reference_model(model_dir), reference_model(model_dir, new)
     err, gap = 0.0, 0.0
     for p, cs in zip(ps, out, strict=True):

@@ -121,11 +121,11 @@ def test_curriculum_promotes_then_demotes():
     assert sched.curriculum.current_levels().tolist() == [0, 0]
     feed(sched, {"g0/d0": 1.0, "g1/d1": 0.5}, step=1, groups=4)
     assert sched.curriculum.current_levels().tolist() == [1, 0]
-    assert sched.events[-1]["kind"] == "promote" and sched.events[-1]["domain"] == "g0/d0"
+    assert sched.events[-1]["event"] == "promote" and sched.events[-1]["domain"] == "g0/d0"
     assert {s.level for s in sched.plan(2, 16) if s.domain == "g0/d0"} == {1}
     feed(sched, {"g0/d0": 0.0}, step=3, groups=6)  # collapses at level 1
     assert sched.curriculum.current_levels().tolist() == [0, 0]
-    assert sched.events[-1]["kind"] == "demote"
+    assert sched.events[-1]["event"] == "demote"
 
 
 def test_zero_variance_refill_keeps_batch_size_and_mix():
@@ -143,6 +143,30 @@ def test_zero_variance_refill_keeps_batch_size_and_mix():
     # Not enough groups with signal: zero-variance ones fill up, the batch keeps its size.
     kept = sched.select([result(a, flat)] * 3 + [result(b, mixed)] + [result(a, flat)] * 4, 4)
     assert len(kept) == 4 and len(set(kept)) == 4 and 3 in kept
+
+
+def test_events_fit_a_tracker_call_and_history_keeps_steps():
+    sched = DomainScheduler(SchedulerConfig(seesaw=True), domains(1), seed=0)
+    sched.observe_eval(0, {"g0/d0": [1.0] * 32})
+    logged = []
+
+    def tracker_event(step: int, kind: str, **fields: object) -> None:  # the loop's signature
+        logged.append((step, kind, fields["domain"]))
+
+    for e in sched.observe_eval(5, {"g0/d0": [0.0] * 32}):
+        tracker_event(5, e.pop("event"), **e)
+    assert logged == [(5, "regression", "g0/d0")]
+    assert sched.events == [
+        {
+            "step": 5,
+            "event": "regression",
+            "domain": "g0/d0",
+            "score": 0.0,
+            "best": 1.0,
+            "drop": 1.0,
+            "diff_upper_bound": -1.0,
+        }
+    ]
 
 
 def test_no_filter_keeps_the_primary_groups():
@@ -165,12 +189,20 @@ def test_seesaw_flags_real_regression_not_noise_and_boosts_weight():
     noisy[0] = np.clip(base[0] - 0.15, 0, 1)  # a real drop of ~0.13
     noisy[1] = base[1] - 0.015  # below best but under seesaw_min_drop
     events = sched.observe_eval(10, {n: noisy[i].tolist() for i, n in enumerate(names)})
-    assert [(e["kind"], e["domain"]) for e in events] == [("regression", names[0])]
+    assert [(e["event"], e["domain"]) for e in events] == [("regression", names[0])]
     w = sched.mix()
     assert w[0] == pytest.approx(4 / 6) and w[1] == pytest.approx(1 / 6)
     events = sched.observe_eval(20, {n: base[i].tolist() for i, n in enumerate(names)})
-    assert [(e["kind"], e["domain"]) for e in events] == [("recovery", names[0])]
+    assert [(e["event"], e["domain"]) for e in events] == [("recovery", names[0])]
     assert sched.mix() == pytest.approx([1 / 3] * 3)
+
+
+def test_lag_boost_favours_domains_below_the_median_eval():
+    sched = DomainScheduler(SchedulerConfig(lag_boost=2.0), domains(3), seed=0)
+    assert sched.mix() == pytest.approx([1 / 3] * 3)  # no eval yet: no boost
+    sched.observe_eval(0, {"g0/d0": [0.2], "g1/d1": [0.6], "g2/d2": [0.9]})
+    boost = np.exp(2.0 * 0.4)
+    assert sched.mix() == pytest.approx(np.array([boost, 1, 1]) / (boost + 2))
 
 
 def test_seesaw_needs_significance_on_small_noisy_sets():
@@ -246,6 +278,7 @@ def test_resume_rejects_other_domain_list():
         ("scheduler.temperature_min=-1", "temperature_min=-1.0 must be > 0"),
         ("scheduler.floor=1.5", r"floor=1.5 must be in \[0, 1\)"),
         ("scheduler.oversample=0.5", "oversample=0.5 must be >= 1"),
+        ("scheduler.lag_boost=-1", "lag_boost=-1.0 must be >= 0"),
     ],
 )
 def test_bad_config_fails_at_load(override, message):

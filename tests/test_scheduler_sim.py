@@ -47,3 +47,14 @@ def test_simulate_runs_and_learns():
     assert out.rollouts == 40 * 16
     assert out.final.mean() > out.start.mean() + 0.05
     assert np.all(out.best >= out.final - 1e-12)
+
+
+def test_interference_erodes_less_from_a_domain_near_zero():
+    cfg = SimConfig(n_domains=20, n_clusters=2, drift=0.0, cross_std=0.0, conflict_frac=1.0)
+    sim = DomainSim(cfg, seed=0)
+    other = np.flatnonzero(sim.cluster != sim.cluster[0])
+    sim.skill[other[0]], sim.skill[other[1]] = -6.0, 2.0  # ~0% vs ~88% level-0 pass rate
+    before = sim.skill.copy()
+    sim.train([GroupResult(sim.names[0], 0, [1.0, 0.0] * 4, [1] * 8, [False] * 8)])
+    loss = before - sim.skill
+    assert 0 < loss[other[0]] < 0.01 * loss[other[1]]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 
 from megatron_rl.domains import load_domains, registry
 from megatron_rl.domains.contract import check_domain
@@ -47,16 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=1.0, help="scores below this are failures")
 
 
-def _report_plugin_errors() -> int:
-    errors = registry().errors
-    for err in errors:
-        print(f"error: {err}", file=sys.stderr)
-    return len(errors)
+def _plugin_errors() -> int:
+    """Number of plugin errors (each was already logged to stderr, naming its plugin)."""
+    return len(registry().errors)
 
 
 def _list(args: argparse.Namespace) -> int:
     domains = load_domains(args.patterns or None, task_files=args.task_file)
-    _report_plugin_errors()
     entries = [d.describe() for d in domains.values()]
     if args.json:
         print(json.dumps(entries, indent=1))
@@ -77,14 +73,16 @@ def _show(args: argparse.Namespace) -> int:
         verdict = d.verify(task, task.gold)
         prompt = task.prompt if len(task.prompt) < 1500 else task.prompt[:1500] + " [...]"
         print(f"\n--- {task.id} (level {task.level})\nPROMPT: {prompt}\nGOLD: {task.gold}")
-        print(f"VERDICT on gold: score={verdict.score} parsable={verdict.parsable} "
-              f"details={json.dumps(verdict.details, default=str)[:300]}")
+        print(
+            f"VERDICT on gold: score={verdict.score} parsable={verdict.parsable} "
+            f"details={json.dumps(verdict.details, default=str)[:300]}"
+        )
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     domains = load_domains(args.patterns or None, task_files=args.task_file)
-    n_errors = _report_plugin_errors()
+    n_errors = _plugin_errors()
     names = sorted(domains)
     if args.sample_domains and args.sample_domains < len(names):
         names = sorted(random.Random(args.seed).sample(names, args.sample_domains))
@@ -96,8 +94,9 @@ def _check(args: argparse.Namespace) -> int:
         for f in rep.failures[:5]:
             print(f"     - {f}")
         failed += not rep.ok
-    print(f"{len(names) - failed}/{len(names)} domains pass the contract; "
-          f"{n_errors} plugin error(s)")
+    print(
+        f"{len(names) - failed}/{len(names)} domains pass the contract; {n_errors} plugin error(s)"
+    )
     return 1 if failed or n_errors else 0
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF-layout model folder to serve")
+    parser.add_argument("--model", default=None, help="HF-layout model folder to serve")
     parser.add_argument("--port", type=int, default=None, help="TCP port (single server)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
     parser.add_argument(
@@ -35,10 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet mode (several servers + router on this node)")
     fleet.add_argument("--num-servers", type=int, default=None, help="servers on this node")
     fleet.add_argument("--gpus-per-server", type=int, default=0, help="GPUs each (0: CPU)")
+    fleet.add_argument("--gpu-ids", default=None, help="GPUs to use, e.g. 4,5,6,7 (default: all)")
     fleet.add_argument("--router-port", type=int, default=None, help="start the router here")
     fleet.add_argument("--router-url", default=None, help="register with this router instead")
     fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
     fleet.add_argument("--health-timeout", type=float, default=300.0, help="seconds per server")
+    fleet.add_argument(
+        "--wait-workers", type=int, default=None,
+        help="with --router-url only: wait until the router lists this many healthy servers",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.dtype=float32")
 
 
@@ -52,13 +57,15 @@ def main(args: argparse.Namespace) -> int:
         overrides.append(f"rollout.engine={args.engine}")
     elif args.config is None:
         overrides.append("rollout.engine=vllm")
+    if args.wait_workers is not None:
+        return _wait_workers(args)
     cfg = load_config(args.config, overrides)
     if cfg.rollout.engine == "sglang":
         raise ValueError(
             "megatron-rl serve needs a local engine ('vllm' or 'hf'), not 'sglang' "
             "(that is the client of this server)"
         )
-    if not Path(args.model).is_dir():
+    if not args.model or not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model!r} is not a folder")
     if args.num_servers is not None:
         return _serve_fleet(args, cfg.rollout.engine, cfg.rollout.sync_dir)
@@ -86,6 +93,7 @@ def _serve_fleet(args: argparse.Namespace, engine: str, sync_dir: str | None) ->
         host=_reachable_host(),
         health_timeout_s=args.health_timeout,
         sync_dir=sync_dir,
+        gpu_ids=[int(x) for x in args.gpu_ids.split(",")] if args.gpu_ids else None,
         server_args=[*(["--config", args.config] if args.config else []), *args.overrides],
     )
     with fleet:
@@ -99,3 +107,16 @@ def _reachable_host() -> str:
     import socket
 
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _wait_workers(args: argparse.Namespace) -> int:
+    from launch.servers import Fleet
+
+    if not args.router_url:
+        raise ValueError("--wait-workers needs --router-url")
+    fleet = Fleet(
+        args.run_dir, "", 0, router_url=args.router_url, health_timeout_s=args.health_timeout
+    )
+    fleet.wait_workers(args.wait_workers)
+    log.info("router %s lists %d healthy servers", args.router_url, args.wait_workers)
+    return 0

@@ -14,8 +14,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from megatron_rl.config import load_config
+    from megatron_rl.rollout.base import EngineStartError
     from megatron_rl.train.rl import train_rl
 
     cfg = load_config(args.config, args.overrides)
-    summary = train_rl(cfg)
+    try:
+        summary = train_rl(cfg)
+    except EngineStartError as e:
+        raise ValueError(f"rollout engine {cfg.rollout.engine!r} failed to start: {e}") from None
     return 0 if summary.get("completed", True) else 1

@@ -8,7 +8,8 @@ Determinism and train/eval disjointness
     ``(domain, split, seed, level, index, attempt)``, so the same arguments give the same task in
     any process. Splits are disjoint *by content*, not only by seed stream: a task belongs to the
     held-out split iff the hash of its prompt falls in the eval bucket (1 in ``EVAL_BUCKETS``).
-    ``task()`` draws candidates (attempt 0, 1, ...) until one lands in the requested split. A
+    ``task()`` draws candidates (attempt 0, 1, ...) until one lands in the requested split (a
+    draw whose generator raises is skipped, up to ``MAX_GENERATE_ERRORS``). A
     generator with a tiny problem space therefore can never leak an eval prompt into training,
     which disjoint seeds alone would not guarantee (e.g. "3 + 4 = ?" reappears under any seed).
 
@@ -38,6 +39,7 @@ Tier = Literal["core", "long_tail"]
 SPLITS: tuple[str, ...] = ("train", "eval")
 EVAL_BUCKETS = 4  # one prompt hash bucket in EVAL_BUCKETS is held out for eval
 MAX_ATTEMPTS = 256  # candidates drawn per task before the generator is declared too small
+MAX_GENERATE_ERRORS = 8  # generator exceptions tolerated per task (skipped draws) before raising
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
@@ -66,8 +68,10 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
-        return cls(**{k: d[k] for k in ("domain", "split", "level", "id", "prompt", "gold")},
-                   meta=d.get("meta", {}))
+        return cls(
+            **{k: d[k] for k in ("domain", "split", "level", "id", "prompt", "gold")},
+            meta=d.get("meta", {}),
+        )
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Domain:
 
     name: str = ""  # "<family>/<generator>[@level]"
     family: str = ""  # one of the plugin families (rg, math, code, tool, long_context, ...)
+    group: str = ""  # domains that are levels of one generator share it (rg); "" = own name
     tier: Tier = "long_tail"  # "core" domains get a guaranteed share of the mix
     tags: tuple[str, ...] = ()
     levels: tuple[int, ...] = (0,)  # difficulty levels, easy -> hard
@@ -158,6 +163,7 @@ class Domain:
         return {
             "name": self.name,
             "family": self.family,
+            "group": self.group or self.name,
             "tier": self.tier,
             "tags": list(self.tags),
             "levels": list(self.levels),
@@ -173,9 +179,19 @@ class Domain:
         level = self.levels[0] if level is None else level
         if level not in self.levels:
             raise ValueError(f"level={level} is not a level of {self.name}; allowed: {self.levels}")
+        errors: list[Exception] = []
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(stable_int(self.name, split, seed, level, index, attempt))
-            prompt, gold, meta = self.generate(level, rng)
+            try:
+                prompt, gold, meta = self.generate(level, rng)
+            except Exception as e:  # some generators fail for some seeds: skip that draw
+                errors.append(e)
+                if len(errors) >= MAX_GENERATE_ERRORS:
+                    raise RuntimeError(
+                        f"{self.name} level {level}: generator failed "
+                        f"{len(errors)} times, last: {e!r}"
+                    ) from e
+                continue
             if split_of(prompt) == split:
                 tid = f"{self.name}:{split}:{level}:{stable_int(prompt) % 16**12:012x}"
                 return Task(self.name, split, level, tid, prompt, gold, meta)
@@ -203,7 +219,9 @@ class Domain:
                 result.process_scores = details.pop("process_scores", {})
                 result.hard_violation = bool(details.pop("hard_violation", False))
         except Exception as e:  # verifier bug or hostile input: score 0, keep the reason
-            result = VerifyResult(0.0, False, {"reason": f"verifier error: {type(e).__name__}: {e}"})
+            result = VerifyResult(
+                0.0, False, {"reason": f"verifier error: {type(e).__name__}: {e}"}
+            )
         result.duration_s = time.perf_counter() - start
         return result
 

@@ -85,7 +85,10 @@ def run_program_subprocess(
         try:
             proc = subprocess.run(
                 [sys.executable, "-I", "-c", _HARNESS, tmp, verdict_path],
-                cwd=tmp, capture_output=True, text=True, timeout=timeout_s,
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
                 preexec_fn=lambda: _limit_memory(memory_mb),
             )
         except subprocess.TimeoutExpired:
@@ -96,7 +99,9 @@ def run_program_subprocess(
             status = verdict["status"] if verdict["status"] in STATUSES else "error"
         except (OSError, ValueError, KeyError):  # child died before writing a verdict
             status = "killed" if proc.returncode < 0 else "error"
-        return ExecResult(status, proc.returncode, duration, proc.stdout[-2000:], proc.stderr[-2000:])
+        return ExecResult(
+            status, proc.returncode, duration, proc.stdout[-2000:], proc.stderr[-2000:]
+        )
 
 
 def _runner():  # type: ignore[no-untyped-def]
@@ -104,8 +109,10 @@ def _runner():  # type: ignore[no-untyped-def]
         from megatron_rl.rewards.sandbox import run_program  # type: ignore[attr-defined]
     except ImportError:
         if not getattr(_runner, "warned", False):
-            log.warning("megatron_rl.rewards.sandbox.run_program not available: code is run "
-                        "UNSANDBOXED in a subprocess (fallback)")
+            log.warning(
+                "megatron_rl.rewards.sandbox.run_program not available: code is run "
+                "UNSANDBOXED in a subprocess (fallback)"
+            )
             _runner.warned = True  # type: ignore[attr-defined]
         return run_program_subprocess
     return run_program

@@ -53,8 +53,9 @@ def _verify_timed(d: Domain, task: Task, answer: str, report: CheckReport, what:
     res = d.verify(task, answer)
     report.max_verify_s = max(report.max_verify_s, res.duration_s)
     if res.duration_s > d.time_budget_s:
-        report.failures.append(f"{what}: verify took {res.duration_s:.2f}s > budget "
-                               f"{d.time_budget_s}s ({task.id})")
+        report.failures.append(
+            f"{what}: verify took {res.duration_s:.2f}s > budget {d.time_budget_s}s ({task.id})"
+        )
     return res.score
 
 

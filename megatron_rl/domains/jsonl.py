@@ -29,7 +29,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from megatron_rl.domains.base import Domain, Task, VerifyResult, extract_answer, split_of, stable_int
+from megatron_rl.domains.base import (
+    Domain,
+    Task,
+    VerifyResult,
+    extract_answer,
+    split_of,
+    stable_int,
+)
 
 VERIFIERS = ("exact", "regex", "numeric", "math", "json_schema", "code_tests", "domain")
 FAILURES_FILE = "eval_failures.jsonl"
@@ -62,7 +69,11 @@ class JsonlDomain(Domain):
         return Task(self.name, split, level, str(tid), r["prompt"], r["gold"], meta)
 
     def max_answer_chars(self, task: Task) -> int:
-        return 20_000 if task.meta["verifier"] in ("code_tests", "domain") else super().max_answer_chars(task)
+        return (
+            20_000
+            if task.meta["verifier"] in ("code_tests", "domain")
+            else super().max_answer_chars(task)
+        )
 
     def extract(self, task: Task, response: str) -> str:
         if task.meta["verifier"] in ("code_tests", "domain"):
@@ -103,7 +114,9 @@ class JsonlDomain(Domain):
         from megatron_rl.domains.registry import registry
 
         src = task.meta["source"]
-        res: VerifyResult = registry().domains[src["domain"]].verify(Task.from_dict(src["task"]), answer)
+        res: VerifyResult = (
+            registry().domains[src["domain"]].verify(Task.from_dict(src["task"]), answer)
+        )
         return res.score, {"parsable": res.parsable, "source": src["domain"], **res.details}
 
 
@@ -115,7 +128,9 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     if row["verifier"] not in VERIFIERS:
         raise ValueError(f"{where}: verifier {row['verifier']!r} is not one of {list(VERIFIERS)}")
     if row["verifier"] in need and need[row["verifier"]] not in row:
-        raise ValueError(f"{where}: verifier {row['verifier']!r} needs key {need[row['verifier']]!r}")
+        raise ValueError(
+            f"{where}: verifier {row['verifier']!r} needs key {need[row['verifier']]!r}"
+        )
     row.setdefault("split", split_of(row["prompt"]))
     if row["split"] not in ("train", "eval"):
         raise ValueError(f"{where}: split must be 'train' or 'eval', got {row['split']!r}")
@@ -144,7 +159,9 @@ def domains_from_files(paths: Iterable[str]) -> list[Domain]:
     return [JsonlDomain(n, rows, origin[n]) for n, rows in sorted(groups.items())]
 
 
-def append_eval_failures(run_dir: str | Path, step: int, failures: Sequence[tuple[Task, str, float]]) -> None:
+def append_eval_failures(
+    run_dir: str | Path, step: int, failures: Sequence[tuple[Task, str, float]]
+) -> None:
     """Append held-out ``(task, response, score)`` results to ``RUN_DIR/eval_failures.jsonl``.
 
     The loop passes every eval result it scored below 1 (and may pass successes too, so a task
@@ -154,7 +171,12 @@ def append_eval_failures(run_dir: str | Path, step: int, failures: Sequence[tupl
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         for task, response, score in failures:
-            rec = {"step": step, "task": task.to_dict(), "response": response[:4000], "score": score}
+            rec = {
+                "step": step,
+                "task": task.to_dict(),
+                "response": response[:4000],
+                "score": score,
+            }
             f.write(json.dumps(rec, default=str) + "\n")
 
 
@@ -171,11 +193,20 @@ def export_failures(run_dir: str | Path, out: str | Path, threshold: float = 1.0
                 latest[rec["task"]["id"]] = rec
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ValueError(f"{src}:{i}: not an eval-failure record") from None
-    rows = [{"domain": f"failures/{r['task']['domain']}", "prompt": r["task"]["prompt"],
-             "gold": r["task"]["gold"], "verifier": "domain", "split": "train",
-             "level": r["task"]["level"], "id": r["task"]["id"],
-             "source": {"domain": r["task"]["domain"], "task": r["task"]}}
-            for r in latest.values() if float(r["score"]) < threshold]
+    rows = [
+        {
+            "domain": f"failures/{r['task']['domain']}",
+            "prompt": r["task"]["prompt"],
+            "gold": r["task"]["gold"],
+            "verifier": "domain",
+            "split": "train",
+            "level": r["task"]["level"],
+            "id": r["task"]["id"],
+            "source": {"domain": r["task"]["domain"], "task": r["task"]},
+        }
+        for r in latest.values()
+        if float(r["score"]) < threshold
+    ]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     return len(rows)

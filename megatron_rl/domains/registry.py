@@ -9,9 +9,10 @@ object is a zero-argument callable returning an iterable of :class:`Domain` inst
 The registry is the one ``dict[name, Domain]`` of the process, built once on first use. A plugin
 that fails to import or to build its domains, or that declares a name another plugin already
 registered, is recorded as a :class:`PluginError` naming the plugin (and the other plugin, for a
-duplicate); its valid domains and every other plugin's domains stay available. Plugins are
-loaded in sorted entry-point order, so on a duplicate the first name (alphabetically by plugin)
-wins, deterministically.
+duplicate); its valid domains and every other plugin's domains stay available. Our own plugins
+(``domains.*``) load first, then third-party ones in sorted entry-point order, so on a duplicate
+the built-in (else the alphabetically first plugin) keeps the name: a package cannot silently
+replace a built-in domain's verifier.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from megatron_rl.domains.base import Domain
 
 log = logging.getLogger(__name__)
 GROUP = "megatron_rl.domains"
+BUILTIN = "domains."  # entry points into this repo's domains/ package load first
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,9 @@ class Registry:
             factory = load()
             domains = list(factory())
         except Exception as e:
-            self.errors.append(PluginError(plugin, source, f"failed to load: {type(e).__name__}: {e}"))
-            log.warning("%s", self.errors[-1])
+            self.errors.append(
+                PluginError(plugin, source, f"failed to load: {type(e).__name__}: {e}")
+            )
             return
         self.add(plugin, source, domains)
 
@@ -83,7 +86,8 @@ def registry(refresh: bool = False) -> Registry:
     global _REGISTRY
     if _REGISTRY is None or refresh:
         reg = Registry()
-        for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+        eps = entry_points(group=GROUP)
+        for ep in sorted(eps, key=lambda e: (not e.value.startswith(BUILTIN), e.name)):
             reg.load_plugin(ep.name, ep.value, ep.load)
         for err in reg.errors:
             log.warning("%s", err)
@@ -91,7 +95,9 @@ def registry(refresh: bool = False) -> Registry:
     return _REGISTRY
 
 
-def select(names: Sequence[str], include: Sequence[str] | None, exclude: Sequence[str]) -> list[str]:
+def select(
+    names: Sequence[str], include: Sequence[str] | None, exclude: Sequence[str]
+) -> list[str]:
     """Names matching any ``include`` pattern (all if None) and no ``exclude`` pattern.
 
     Every pattern must match something; otherwise ``ValueError`` lists the closest names.
@@ -137,6 +143,8 @@ def load_domains(
 
         for d in domains_from_files(task_files):
             if d.name in pool:
-                raise ValueError(f"task file domain {d.name!r} clashes with plugin {pool[d.name].plugin!r}")
+                raise ValueError(
+                    f"task file domain {d.name!r} clashes with plugin {pool[d.name].plugin!r}"
+                )
             pool[d.name] = d
     return {n: pool[n] for n in select(list(pool), include, exclude)}

@@ -34,8 +34,16 @@ class RewardWeights:
     hard_floor: float = -1.0  # reward when the verdict has hard_violation set
 
     def __hash__(self) -> int:  # frozen dataclass with a dict field: hash by value
-        return hash((self.outcome, tuple(sorted(self.process.items())), self.format_penalty,
-                     self.length_penalty, self.length_budget_chars, self.hard_floor))
+        return hash(
+            (
+                self.outcome,
+                tuple(sorted(self.process.items())),
+                self.format_penalty,
+                self.length_penalty,
+                self.length_budget_chars,
+                self.hard_floor,
+            )
+        )
 
 
 def compose_reward(

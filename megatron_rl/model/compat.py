@@ -13,7 +13,9 @@ name rebound to :class:`_TorchOnCpu`, a thin proxy that forwards every attribute
 * ``torch.cuda.current_device()`` -> ``torch.device("cpu")``. Megatron passes it as ``device=``
   to ``torch.empty`` etc. (p2p communication, ``GlobalMemoryBuffer.get_tensor``, TP mappings,
   DDP grad buffers, the fp32 optimizer's dummy tensors).
-* ``torch.cuda.synchronize()`` / ``torch.cuda.empty_cache()`` -> no-ops (p2p, DDP).
+* ``torch.cuda.synchronize()`` / ``torch.cuda.empty_cache()`` -> no-ops (p2p, DDP);
+  ``torch.cuda.current_stream()`` / ``default_stream()`` -> a stream whose waits are no-ops
+  (0.19.x DDP waits on CUDA-graph events before every grad sync).
 * tensor factories (``empty``, ``zeros``, ``ones``, ``full``, ``tensor``, ``arange``, ...) map a
   ``device="cuda"`` (or ``cuda:N`` / int) argument to the CPU: the literals in the pipeline
   schedules' token counter, the optimizer's ``found_inf``/``_scale_one`` buffers, grad-norm and
@@ -124,8 +126,29 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class _NoStream:
+    """What ``current_stream()`` returns on CPU: every wait is already satisfied."""
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
 class _CudaOnCpu:
     """Stands in for ``torch.cuda`` inside patched megatron modules."""
+
+    @staticmethod
+    def current_stream(device: Any = None) -> _NoStream:
+        return _NoStream()
+
+    @staticmethod
+    def default_stream(device: Any = None) -> _NoStream:
+        return _NoStream()
 
     @staticmethod
     def current_device() -> torch.device:

@@ -209,14 +209,21 @@ class _Shards:
         return sorted({n for n in names if n not in self.used and not n.endswith("_extra_state")})
 
 
+def _cat(parts: list[Tensor], dim: int) -> Tensor:
+    """``torch.cat`` that returns a lone part as is (TP=1: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
 def _split_qkv(parts: list[Tensor], cfg: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
     """Inverse of :func:`_qkv_grouped` over TP parts: fused rows -> HF q, k, v."""
-    g, d = cfg.num_query_groups, cfg.head_dim
-    per_group = (cfg.num_attention_heads // g) * d
+    d, local_groups = cfg.head_dim, cfg.num_query_groups // len(parts)
+    per_group = (cfg.num_attention_heads // cfg.num_query_groups) * d
     rest = parts[0].shape[1:]
-    grouped = torch.cat(parts, dim=0).view(g, per_group + 2 * d, *rest)
-    q, k, v = grouped.split([per_group, d, d], dim=1)
-    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+    # Split each rank's [groups/tp, rows, ...] view first, then one cat per q/k/v: one copy.
+    split = [p.view(local_groups, per_group + 2 * d, *rest).split([per_group, d, d], 1)
+             for p in parts]  # fmt: skip
+    q, k, v = (_cat([s[i] for s in split], 0).reshape(-1, *rest) for i in range(3))
+    return q, k, v
 
 
 def _layer_to_hf(st: _Shards, cfg: ModelConfig, local: int, i: int) -> dict[str, Tensor]:
@@ -234,11 +241,11 @@ def _layer_to_hf(st: _Shards, cfg: ModelConfig, local: int, i: int) -> dict[str,
     if cfg.qkv_bias:
         q, k, v = _split_qkv(st.get(m + "self_attention.linear_qkv.bias"), cfg)
         out.update({a + "q_proj.bias": q, a + "k_proj.bias": k, a + "v_proj.bias": v})
-    out[a + "o_proj.weight"] = torch.cat(st.get(m + "self_attention.linear_proj.weight"), dim=1)
+    out[a + "o_proj.weight"] = _cat(st.get(m + "self_attention.linear_proj.weight"), 1)
     fc1 = [p.chunk(2, dim=0) for p in st.get(m + "mlp.linear_fc1.weight")]
-    out[h + "mlp.gate_proj.weight"] = torch.cat([gu[0] for gu in fc1], dim=0)
-    out[h + "mlp.up_proj.weight"] = torch.cat([gu[1] for gu in fc1], dim=0)
-    out[h + "mlp.down_proj.weight"] = torch.cat(st.get(m + "mlp.linear_fc2.weight"), dim=1)
+    out[h + "mlp.gate_proj.weight"] = _cat([gu[0] for gu in fc1], 0)
+    out[h + "mlp.up_proj.weight"] = _cat([gu[1] for gu in fc1], 0)
+    out[h + "mlp.down_proj.weight"] = _cat(st.get(m + "mlp.linear_fc2.weight"), 1)
     return out
 
 
@@ -247,7 +254,8 @@ def megatron_to_hf(
 ) -> dict[str, Tensor]:
     """Merge Megatron shards (keyed ``(tp_rank, pp_rank)``) into one HF Llama/Qwen2 state dict.
 
-    Either layer-spec naming is accepted. A tensor the HF model has no place for raises a
+    Returned tensors may be views of the shards (at TP=1 most are). Either layer-spec naming is
+    accepted. A tensor the HF model has no place for raises a
     ``ValueError`` naming it (``_extra_state`` entries are skipped). With tied embeddings no
     ``lm_head.weight`` is returned (HF re-ties it on load; weight sync adds it where needed).
     """
@@ -256,13 +264,13 @@ def megatron_to_hf(
     for p in range(pp):
         st = _Shards(shards, tp, p)
         if p == 0:
-            out["model.embed_tokens.weight"] = torch.cat(st.get(_EMB), dim=0)
+            out["model.embed_tokens.weight"] = _cat(st.get(_EMB), 0)
         for local, i in enumerate(stage_layers(cfg, pp, p)):
             out.update(_layer_to_hf(st, cfg, local, i))
         if p == pp - 1:
             out["model.norm.weight"] = st.one(_FINAL_NORM)
             if not cfg.tie_embeddings:
-                out["lm_head.weight"] = torch.cat(st.get(_OUT), dim=0)
+                out["lm_head.weight"] = _cat(st.get(_OUT), 0)
             elif st.has(_OUT):
                 st.get(_OUT)  # the last stage's copy of the tied embedding
         extra = st.unused()

@@ -9,6 +9,9 @@ Layer spec: Transformer Engine's when it imports (GPU clusters), megatron-core's
 otherwise (CPU). With the local spec, attention takes an explicit boolean mask (True = masked),
 which the policy builds block-diagonal for packed sequences.
 
+Helpers for the model's inputs and outputs live here too: the block-diagonal causal mask of a
+packed row, and log-probs / entropy computed from vocab-parallel logits with TP all-reduces.
+
 Only keyword arguments are passed to megatron-core builders, because 0.19.x inserted parameters
 into ``get_gpt_layer_local_spec`` and friends (see DESIGN.md); ``GPTModel`` exists in both 0.16.1
 and 0.19.x.
@@ -16,11 +19,15 @@ and 0.19.x.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor
 
+from long_context.packing import PackedBatch
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import have_transformer_engine
 
@@ -118,3 +125,58 @@ def build_gpt_model(
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+# ----------------------------------------------------------------------------------------------
+# model inputs (packed attention mask) and outputs (log-probs from vocab-parallel logits)
+
+
+def block_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:
+    """Boolean mask [1, 1, T, T], True where attention is *not* allowed (Megatron convention)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens)
+    idx = torch.arange(total, device=cu_seqlens.device)
+    allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+    return ~allowed[None, None]
+
+
+def vocab_parallel_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of ``targets`` and entropy under softmax(logits / temperature), TP-aware.
+
+    logits: [N, V / tp] (this rank's vocab slice), targets: [N] global ids.
+    Returns logprobs [N] and entropy [N] (or None), replicated over TP ranks, differentiable.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    z = logits.float() / temperature
+    tp_group = mpu.get_tensor_model_parallel_group()
+    reduce = partial(reduce_from_tensor_model_parallel_region, group=tp_group)
+    zmax = z.detach().max(dim=-1).values
+    if mpu.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
+    shifted = z - zmax[:, None]
+    exp = shifted.exp()
+    sum_exp = reduce(exp.sum(-1))
+    log_z = sum_exp.log()
+    vocab_local = z.shape[-1]
+    start = mpu.get_tensor_model_parallel_rank() * vocab_local
+    local = targets - start
+    mine = (local >= 0) & (local < vocab_local)
+    picked = shifted.gather(-1, local.clamp(0, vocab_local - 1)[:, None]).squeeze(-1)
+    target_logit = reduce(torch.where(mine, picked, 0.0))
+    logprobs = target_logit - log_z
+    if not with_entropy:
+        return logprobs, None
+    expected = reduce((exp * shifted).sum(-1))
+    return logprobs, log_z - expected / sum_exp
+
+
+def align_to_tokens(values: Tensor, batch: PackedBatch) -> Tensor:
+    """values [T-1] predicted from positions 0..T-2 -> [T] aligned with tokens, 0 at seq starts."""
+    out = torch.cat([values.new_zeros(1), values])
+    starts = torch.zeros_like(out, dtype=torch.bool)
+    starts[batch.cu_seqlens[:-1].long()] = True
+    return torch.where(starts, torch.zeros_like(out), out)

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,12 +123,9 @@ def hf_config_from_model_config(
 ) -> dict[str, Any]:
     """HF ``config.json`` dict for ``cfg``; keys of ``base`` we do not set (token ids...) kept."""
     arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.arch]
-    if cfg.arch == "llama" and cfg.qkv_bias:
-        raise ValueError("model.qkv_bias=true cannot be written as Llama (HF Llama's "
-                         "attention_bias also adds an o_proj bias); use arch 'qwen2'")  # fmt: skip
-    if cfg.arch == "qwen2" and not cfg.qkv_bias:
-        raise ValueError("model.qkv_bias=false cannot be written as Qwen2 (it always has a "
-                         "QKV bias); use arch 'llama'")  # fmt: skip
+    if cfg.qkv_bias != (cfg.arch == "qwen2"):  # HF Llama's attention_bias also biases o_proj
+        raise ValueError(f"model.qkv_bias={cfg.qkv_bias} cannot be written as {arch}: HF Qwen2 "
+                         "always has a QKV bias and HF Llama none we can express")  # fmt: skip
     out = dict(base or {})
     out.update({
         "architectures": [arch], "model_type": cfg.arch, "hidden_act": "silu",
@@ -146,7 +144,7 @@ def hf_config_from_model_config(
     if cfg.arch == "llama":
         out.update({"attention_bias": False, "mlp_bias": False})
     else:
-        out.update({"use_sliding_window": False, "sliding_window": None})
+        out["use_sliding_window"] = False
         out.pop("layer_types", None)  # stale when num_layers changed; HF rebuilds it
     return out
 
@@ -181,8 +179,15 @@ def _load_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def _save_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
-    contiguous = {k: v.contiguous() for k, v in tensors.items()}
-    safetensors.torch.save_file(contiguous, str(path), metadata={"format": "pt"})
+    """Write ``tensors``; views are fine, but two sharing one storage (the gate and up halves of
+    a TP=1 ``linear_fc1``) are copied apart, because safetensors refuses shared storage."""
+    owned, seen = {}, set()
+    for name, t in tensors.items():
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        owned[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    safetensors.torch.save_file(owned, str(path), metadata={"format": "pt"})
 
 
 def _existing_dir(path: str | os.PathLike[str], what: str) -> Path:
@@ -196,18 +201,18 @@ def _existing_dir(path: str | os.PathLike[str], what: str) -> Path:
 def atomic_dir(out: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of ``out`` to fill; it replaces ``out`` only on success."""
     final = Path(out)
-    if final.exists() and not (final.is_dir() and not any(final.iterdir())) and not overwrite:
+    if final.exists() and not final.is_dir():
+        raise ValueError(f"output {final} exists and is not a directory")
+    if final.exists() and any(final.iterdir()) and not overwrite:
         raise ValueError(f"output {final} already exists and is not empty; pick a new directory")
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
     if final.exists():
         final.rename(old)
     tmp.rename(final)
@@ -265,7 +270,7 @@ def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelCon
     sd: dict[str, Tensor] = {}
     for f in files:
         sd.update(_load_safetensors(f))
-    where = str(files[0]) if len(files) == 1 else f"{hf_dir}/model-*.safetensors"
+    where = str(files[0] if len(files) == 1 else Path(hf_dir) / "model.safetensors.index.json")
     check_hf_state_dict(sd, cfg, where)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)

@@ -125,7 +125,16 @@ def init_distributed(
     from megatron.core import tensor_parallel
 
     if "info" in _info:
-        return _info["info"]
+        info = _info["info"]
+        if (info.tp, info.pp, info.cp) != (parallel.tp, parallel.pp, parallel.cp):
+            raise ValueError(
+                f"distributed state already initialised with tp={info.tp} pp={info.pp} "
+                f"cp={info.cp}; call destroy_distributed() before asking for tp={parallel.tp} "
+                f"pp={parallel.pp} cp={parallel.cp}"
+            )
+        if model is not None:
+            validate_layout(parallel, info.world_size, model)
+        return info
     world = int(os.environ.get("WORLD_SIZE", "1"))
     validate_layout(parallel, world, model)
     cuda = torch.cuda.is_available()
@@ -163,12 +172,16 @@ def init_distributed(
     return info
 
 
-def destroy_distributed() -> None:
-    """Tear down Megatron's groups and the default process group (safe to call twice)."""
+def destroy_distributed(keep_process_group: bool = False) -> None:
+    """Tear down Megatron's groups and the default process group (safe to call twice).
+
+    ``keep_process_group=True`` keeps torch.distributed up, so the same processes can call
+    :func:`init_distributed` again with another layout (used to compare layouts in one launch).
+    """
     from megatron.core import parallel_state as mpu
 
     _info.pop("info", None)
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
-    if dist.is_initialized():
+    if dist.is_initialized() and not keep_process_group:
         dist.destroy_process_group()

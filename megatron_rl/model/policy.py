@@ -39,61 +39,16 @@ from torch import Tensor
 from long_context.packing import PackedBatch, to_device
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
-from megatron_rl.model.gpt import build_gpt_model, transformer_config, use_te_spec
-from megatron_rl.model.parallel import DistInfo
+from megatron_rl.model.gpt import (
+    align_to_tokens,
+    block_causal_mask,
+    build_gpt_model,
+    use_te_spec,
+    vocab_parallel_logprobs,
+)
+from megatron_rl.model.parallel import DistInfo, validate_layout
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
-
-
-def block_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:
-    """Boolean mask [1, 1, T, T], True where attention is *not* allowed (Megatron convention)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens)
-    idx = torch.arange(total, device=cu_seqlens.device)
-    allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-    return ~allowed[None, None]
-
-
-def vocab_parallel_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of ``targets`` and entropy under softmax(logits / temperature), TP-aware.
-
-    logits: [N, V / tp] (this rank's vocab slice), targets: [N] global ids.
-    Returns logprobs [N] and entropy [N] (or None), replicated over TP ranks, differentiable.
-    """
-    from megatron.core import parallel_state as mpu
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
-    z = logits.float() / temperature
-    tp_group = mpu.get_tensor_model_parallel_group()
-    zmax = z.detach().max(dim=-1).values
-    if mpu.get_tensor_model_parallel_world_size() > 1:
-        dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
-    shifted = z - zmax[:, None]
-    exp = shifted.exp()
-    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(-1))
-    log_z = sum_exp.log()
-    vocab_local = z.shape[-1]
-    start = mpu.get_tensor_model_parallel_rank() * vocab_local
-    local = targets - start
-    mine = (local >= 0) & (local < vocab_local)
-    picked = shifted.gather(-1, local.clamp(0, vocab_local - 1)[:, None]).squeeze(-1)
-    target_logit = reduce_from_tensor_model_parallel_region(torch.where(mine, picked, 0.0))
-    logprobs = target_logit - log_z
-    if not with_entropy:
-        return logprobs, None
-    expected = reduce_from_tensor_model_parallel_region((exp * shifted).sum(-1))
-    return logprobs, log_z - expected / sum_exp
-
-
-def align_to_tokens(values: Tensor, batch: PackedBatch) -> Tensor:
-    """values [T-1] predicted from positions 0..T-2 -> [T] aligned with tokens, 0 at seq starts."""
-    out = torch.zeros(batch.num_tokens, dtype=values.dtype, device=values.device)
-    out = torch.cat([out[:1], values])
-    starts = torch.zeros_like(out, dtype=torch.bool)
-    starts[batch.cu_seqlens[:-1].long()] = True
-    return torch.where(starts, torch.zeros_like(out), out)
 
 
 class Policy:
@@ -105,11 +60,17 @@ class Policy:
         self.cfg = model_cfg
         self.dist = dist_info
         self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
+        validate_layout(self.parallel, dist_info.world_size, model_cfg)
+        if dist_info.cp > 1:
+            raise ValueError(
+                f"parallel.cp={dist_info.cp}: Policy does not yet split packed batches over "
+                "context-parallel ranks (long_context/cp.py has the split); use parallel.cp=1"
+            )
         self.spec: convert.Spec = "te" if use_te_spec() else "local"
         self.module = build_gpt_model(
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
         )
-        self.model: torch.nn.Module = self.module
+        self.model: Any = self.module  # the DDP wrapper when training, else the GPTModel
         self.optimizer: Any = None
         if train_cfg is not None:
             self._build_training(train_cfg)
@@ -272,12 +233,14 @@ class Policy:
     @torch.no_grad()
     def logits(self, tokens: Tensor) -> Tensor:
         """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU."""
+        from megatron.core import parallel_state as mpu
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
         tokens = tokens.to(self.dist.device)
         b, s = tokens.shape
-        mask = ~torch.tril(torch.ones(s, s, dtype=torch.bool, device=self.dist.device))[None, None]
+        causal = torch.ones(s, s, dtype=torch.bool, device=self.dist.device).triu(1)[None, None]
+        mask = None if self.spec == "te" else causal  # TE's causal mask type needs none
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
             out = self._forward(model, next(data_iterator), mask, None)
@@ -295,7 +258,9 @@ class Policy:
         )
         full = torch.zeros(b, s, self.cfg.vocab_size, device=self.dist.device)
         if self.dist.is_last_stage:
-            full = gather_from_tensor_model_parallel_region(outs[0]["logits"]).float()
+            tp_group = mpu.get_tensor_model_parallel_group()
+            full = gather_from_tensor_model_parallel_region(outs[0]["logits"], group=tp_group)
+            full = full.float()
         return self._broadcast_from_last_stage(full.contiguous()).cpu()
 
     # ------------------------------------------------------------------ training

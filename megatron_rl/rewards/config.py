@@ -17,3 +17,11 @@ class RewardsConfig:
     sandbox_memory_mb: int = 512  # memory limit per code execution
     sandbox_workers: int = 0  # parallel sandbox executions (0: number of cores)
     allow_unsandboxed: bool = False  # run code without isolation (loudly logged; never default)
+    sandbox_max_procs: int = 8  # processes (and threads) per sandboxed program
+    sandbox_max_output_kb: int = 1024  # stdout + stderr beyond this kills the execution, KiB
+    monitor_window: int = 20  # steps per window compared by the reward-jump check
+    monitor_jump_threshold: float = 0.25  # rise of the windowed mean reward that is a jump
+    monitor_eval_ratio: float = 0.5  # eval must rise by this fraction of the jump to explain it
+    monitor_cluster_min_tasks: int = 3  # distinct tasks sharing one answer before it is flagged
+    monitor_cluster_frac: float = 0.3  # ... and the fraction of the batch's tasks they make up
+    monitor_min_answer_chars: int = 20  # shorter answers (e.g. "42") are never clustered

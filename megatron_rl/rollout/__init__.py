@@ -1,0 +1,30 @@
+"""Rollout: engines that sample completions with log-probs, and trainer -> engine weight sync.
+
+``base`` holds the interface and registry (``build_engine``); engines live in ``hf_engine``
+(transformers reference), ``vllm_engine`` (embedded vLLM) and ``sglang_client`` (remote SGLang).
+Engine modules are imported on first ``build_engine`` call, so importing this package is cheap.
+"""
+
+from megatron_rl.rollout.base import (
+    ENGINES,
+    Completion,
+    EngineStartError,
+    GenRequest,
+    RolloutEngine,
+    SamplingParams,
+    build_engine,
+    register_engine,
+)
+from megatron_rl.rollout.weight_sync import sync_weights
+
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "EngineStartError",
+    "GenRequest",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_engine",
+    "register_engine",
+    "sync_weights",
+]

@@ -85,7 +85,14 @@ class EngineStartError(RuntimeError):
 
 
 class RolloutEngine(ABC):
-    """Generates completions and takes new weights (HF parameter names) from the trainer."""
+    """Generates completions and takes new weights (HF parameter names) from the trainer.
+
+    After each ``generate`` call, ``stats`` holds that call's token counts for the tracker:
+    ``rollout/prompt_tokens`` (prompt tokens times n), ``rollout/cached_prompt_tokens`` (of
+    those, served from a shared prefix instead of recomputed) and ``rollout/generated_tokens``.
+    """
+
+    stats: dict[str, float] = {}  # replaced (never mutated) by each generate call
 
     @abstractmethod
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:

@@ -47,6 +47,8 @@ class RolloutConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"  # engine compute dtype
     max_batch: int = 256  # most sequences the engine decodes at once
     kv_cache_gb: float = 2.0  # vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB (whole)
+    block_size: int | None = 32  # vLLM KV block, tokens; prefixes are shared in whole blocks
+    # (CPU: a multiple of 32, vLLM's CPU default 128 shares nothing for prompts < 128 tokens)
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of GPU memory it may take
     urls: list[str] = field(default_factory=list)  # router/server URLs for remote engines
     request_timeout_s: float = 300.0  # per HTTP request, remote engines
@@ -64,5 +66,7 @@ class RolloutConfig:
                 f"rollout.gpu_memory_utilization must be in (0, 1], "
                 f"got {self.gpu_memory_utilization}"
             )
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"rollout.block_size must be >= 1 or null, got {self.block_size}")
         if self.sync_every < 1:
             raise ValueError(f"rollout.sync_every must be >= 1, got {self.sync_every}")

@@ -10,7 +10,8 @@ How a ``generate`` call runs:
    8 costs one prompt forward, not 8. This is what vLLM's prefix cache achieves for a group.
 3. Decode one token per step for every live sequence; sequences that finish are dropped from the
    batch (and from the cache) so late steps only pay for live rows.
-4. Sampling per request uses its own ``torch.Generator`` seeded from ``SamplingParams.seed`` (or
+4. Runs on the GPU when CUDA is available (not yet checked on a GPU), else on the CPU.
+5. Sampling per request uses its own ``torch.Generator`` seeded from ``SamplingParams.seed`` (or
    a seed derived from the engine seed), so results do not depend on which other requests share
    the batch, up to floating-point differences of the batched forward.
 
@@ -97,6 +98,8 @@ class HFEngine(RolloutEngine):
             self.model = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=getattr(torch, cfg.dtype)
             ).eval()
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.model.to(self.device)
         except (OSError, ValueError, KeyError) as e:
             raise EngineStartError(
                 f"rollout engine 'hf' could not load the model in {model_dir!r}: {e}"
@@ -121,6 +124,15 @@ class HFEngine(RolloutEngine):
             outs = self._generate_chunk([requests[i] for i in chunk], [seeds[i] for i in chunk])
             for i, out in zip(chunk, outs, strict=True):
                 results[i] = out
+        prompt = [len(r.prompt_ids) * r.params.n for r in requests]
+        self.stats = {
+            "rollout/prompt_tokens": float(sum(prompt)),
+            # prefix sharing: only the first of a group's n samples computes the prompt
+            "rollout/cached_prompt_tokens": float(
+                sum(prompt) - sum(len(r.prompt_ids) for r in requests)
+            ),
+            "rollout/generated_tokens": float(sum(len(c.token_ids) for cs in results for c in cs)),
+        }
         return results
 
     def _chunks(self, requests: list[GenRequest]) -> list[list[int]]:
@@ -144,10 +156,10 @@ class HFEngine(RolloutEngine):
         ]
         logits, cache, attn, pos = self._prefill([r.prompt_ids for r in reqs])
         # Prefix sharing: one prefill per prompt, KV rows repeated for the group's samples.
-        expand = torch.tensor([row.request for row in rows])
+        expand = torch.tensor([row.request for row in rows], device=self.device)
         cache.batch_select_indices(expand)
         logits, attn, pos = logits[expand], attn[expand], pos[expand]
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         live = list(range(len(rows)))  # row ids, in batch order
         while True:
             tokens = self._sample_step(logits, [rows[i] for i in live], gens)
@@ -155,7 +167,7 @@ class HFEngine(RolloutEngine):
             if not keep:
                 break
             if len(keep) < len(live):
-                idx = torch.tensor(keep)
+                idx = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(idx)
                 tokens, attn, pos = tokens[idx], attn[idx], pos[idx]
                 live = [live[k] for k in keep]
@@ -179,18 +191,19 @@ class HFEngine(RolloutEngine):
         for g, p in enumerate(prompts):
             ids[g, width - len(p) :] = torch.tensor(p)
             attn[g, width - len(p) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
 
     def _sample_step(self, logits: Tensor, rows: list[_Row], gens: list[torch.Generator]) -> Tensor:
         """Sample the next token of every live row (``logits``: [A, V]); update the rows."""
-        tokens = torch.empty(len(rows), dtype=torch.long)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=self.device)
         by_request: dict[int, list[int]] = {}
         for k, row in enumerate(rows):
             by_request.setdefault(row.request, []).append(k)
         for g, ks in by_request.items():
-            idx = torch.tensor(ks)
+            idx = torch.tensor(ks, device=self.device)
             tok, logp = sample_tokens(logits[idx], rows[ks[0]].params, gens[g])
             tokens[idx] = tok
             for k, t, lp in zip(ks, tok.tolist(), logp.tolist(), strict=True):

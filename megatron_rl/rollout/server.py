@@ -300,5 +300,8 @@ def serve(engine: RolloutEngine, model_path: str, host: str, port: int, max_batc
     server = EmbeddedServer(engine, model_path, max_batch=max_batch)
     t0 = time.monotonic()
     log.info("embedded SGLang-compatible server on http://%s:%d (model %s)", host, port, model_path)
-    web.run_app(server.app(), host=host, port=port, print=None, handle_signals=True)
+    # shutdown_timeout: the router holds keep-alive connections; do not wait for them on exit.
+    web.run_app(
+        server.app(), host=host, port=port, print=None, handle_signals=True, shutdown_timeout=2
+    )
     log.info("server on port %d stopped after %.1f s", port, time.monotonic() - t0)

@@ -5,6 +5,8 @@ are plain in-memory calls on the worker. Settings and why (numbers in docs/LOG.m
 
 - ``enforce_eager=True``: start-up ~6-11 s on CPU instead of ~40 s with compilation.
 - ``enable_prefix_caching=True``: the ``n`` samples of a group share their prompt's KV blocks.
+  Only whole blocks are shared, and the CPU default block is 128 tokens, so ``block_size``
+  defaults to 32 (the smallest the CPU attention accepts): short RL prompts share too.
 - ``enable_chunked_prefill=False``: seeded requests crash the CPU sampler when chunked prefill
   splits their prompt ("CPU Generator does not use offset").
 - ``logprobs_mode='processed_logprobs'``: vLLM returns raw (pre-temperature) log-probs by
@@ -77,6 +79,7 @@ class VLLMEngine(RolloutEngine):
                 max_num_seqs=cfg.max_batch,
                 logprobs_mode="processed_logprobs",
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
+                block_size=cfg.block_size,
             )
         except Exception as e:  # vLLM raises many types at start-up; name the cause once
             raise EngineStartError(
@@ -92,7 +95,13 @@ class VLLMEngine(RolloutEngine):
         params = [self._params(r, i) for i, r in enumerate(requests)]
         self._calls += 1
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[_completion(c) for c in out.outputs] for out in outputs]
+        results = [[_completion(c) for c in out.outputs] for out in outputs]
+        self.stats = {
+            "rollout/prompt_tokens": float(sum(len(r.prompt_ids) * r.params.n for r in requests)),
+            "rollout/cached_prompt_tokens": float(sum(o.num_cached_tokens or 0 for o in outputs)),
+            "rollout/generated_tokens": float(sum(len(c.token_ids) for cs in results for c in cs)),
+        }
+        return results
 
     def _params(self, req: GenRequest, index: int) -> Any:
         p = req.params

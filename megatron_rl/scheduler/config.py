@@ -61,6 +61,7 @@ class SchedulerConfig:
     seesaw_bootstrap: int = 200  # bootstrap resamples per domain per eval sweep
     seesaw_boost: float = 3.0  # weight multiplier of a flagged domain until it recovers
     seesaw_temperature_scale: float = 1.0  # temperature multiplier of a flagged domain
+    lag_boost: float = 0.0  # score x exp(lag_boost * (median eval - eval)) below the median; 0 off
 
     def validate(self) -> None:
         from megatron_rl.scheduler.policies import POLICIES
@@ -142,6 +143,8 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.oversample={self.oversample} must be >= 1")
         if self.seesaw_boost < 1.0:
             raise ValueError(f"scheduler.seesaw_boost={self.seesaw_boost} must be >= 1")
+        if self.lag_boost < 0:
+            raise ValueError(f"scheduler.lag_boost={self.lag_boost} must be >= 0")
         if self.seesaw_bootstrap < 10:
             raise ValueError(f"scheduler.seesaw_bootstrap={self.seesaw_bootstrap} must be >= 10")
         if self.prior_strength <= 0:

@@ -33,7 +33,7 @@ class Curriculum:
     def current_levels(self) -> np.ndarray:
         return np.array([lv[k] for lv, k in zip(self.levels, self.index, strict=True)])
 
-    def update(self, step: int, seen: np.ndarray, stats: DomainStats) -> list[dict[str, Any]]:
+    def update(self, seen: np.ndarray, stats: DomainStats) -> list[dict[str, Any]]:
         """Promote/demote observed domains; returns one event dict per level change."""
         if not self.cfg.curriculum:
             return []
@@ -50,8 +50,7 @@ class Curriculum:
             stats.reset_level(int(i))
             events.append(
                 {
-                    "step": step,
-                    "kind": "promote" if up[i] else "demote",
+                    "event": "promote" if up[i] else "demote",
                     "domain": self.names[i],
                     "from_level": old,
                     "to_level": self.level(i),

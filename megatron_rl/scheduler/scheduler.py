@@ -14,6 +14,11 @@ rewards are all equal, refills each dropped slot from an unused extra of the *sa
 there is one (so the mix survives filtering), then from any unused extra, and only as a last
 resort from zero-variance groups, so the trained batch always has ``num_groups`` groups.
 
+Events (curriculum ``promote``/``demote`` from ``observe``, seesaw ``regression``/``recovery``
+from ``observe_eval``) are returned as fresh dicts ``{"event": kind, "domain": ..., ...}`` that
+the loop may hand to its tracker as ``tracker.event(step, e.pop("event"), **e)``; the history,
+with the step added, stays in ``sched.events`` and in the checkpoint.
+
 Everything random draws from one ``numpy`` generator whose state is in ``state_dict()``, so a
 reloaded scheduler produces the same plans as the one that was saved.
 """
@@ -74,7 +79,7 @@ class DomainScheduler:
         self.curriculum = Curriculum(cfg, self.domains)
         self.guard = SeesawGuard(cfg, self.names)
         self.drop = np.zeros((2, n))  # EMA sums of [dropped, generated] groups per domain
-        self.events: list[dict[str, Any]] = []  # every event so far (also in the state)
+        self.events: list[dict[str, Any]] = []  # history: {"step", "event", "domain", ...}
         self.weights = mix_weights(self.policy.scores(self.stats), cfg.floor)
 
     # --- the four calls of a step --------------------------------------------------------------
@@ -83,8 +88,24 @@ class DomainScheduler:
         scores = self.policy.scores(self.stats)
         if self.cfg.seesaw:
             scores = scores * np.where(self.guard.flagged, self.cfg.seesaw_boost, 1.0)
+        if self.cfg.lag_boost > 0:
+            scores = scores * self._lag_factor()
         self.weights = mix_weights(scores, self.cfg.floor)
         return self.weights
+
+    def _lag_factor(self) -> np.ndarray:
+        """[D] ``exp(lag_boost * (median eval - eval))`` for domains below the median eval, else 1.
+
+        Guards the worst domains across the board (group-DRO style), where the seesaw guard only
+        compares a domain with its own best: a domain held down by interference from the start
+        never regresses from a best, but stays below its peers.
+        """
+        last = self.guard.last_mean
+        ok = ~np.isnan(last)
+        if not ok.any():
+            return np.ones(len(last))
+        lag = np.where(ok, np.maximum(np.median(last[ok]) - last, 0.0), 0.0)
+        return np.exp(self.cfg.lag_boost * lag)
 
     def temperatures(self) -> np.ndarray:
         flagged = self.guard.flagged if self.cfg.seesaw else np.zeros(len(self.names), bool)
@@ -119,9 +140,7 @@ class DomainScheduler:
         rates = (self.cfg.lp_fast, self.cfg.lp_slow)
         seen = self.stats.update(idx, results, at_level, rates)
         self.temps.adapt(seen, self.stats)
-        events = self.curriculum.update(step, seen, self.stats)
-        self.events += events
-        return events
+        return self._record(step, self.curriculum.update(seen, self.stats))
 
     def select(self, results: list[GroupResult], num_groups: int) -> list[int]:
         """Indices (sorted) of ``num_groups`` groups to train on; see the module docstring."""
@@ -146,11 +165,14 @@ class DomainScheduler:
 
     def observe_eval(self, step: int, scores: dict[str, list[float]]) -> list[dict[str, Any]]:
         """Fold in an eval sweep (per-domain per-task scores); returns seesaw events."""
-        events = self.guard.observe(step, scores, self.rng)
-        self.events += events
-        return events
+        return self._record(step, self.guard.observe(scores, self.rng))
 
     # --- observability -------------------------------------------------------------------------
+    def _record(self, step: int, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Keep ``{"step", **event}`` in the history; return copies the caller may mutate."""
+        self.events += [{"step": step, **e} for e in events]
+        return [dict(e) for e in events]
+
     def _indices(self, results: list[GroupResult]) -> np.ndarray:
         try:
             return np.array([self.pos[r.domain] for r in results], dtype=np.int64)

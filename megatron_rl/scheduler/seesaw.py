@@ -36,7 +36,7 @@ class SeesawGuard:
         self.flagged = np.zeros(n, dtype=bool)
 
     def observe(
-        self, step: int, scores: dict[str, list[float]], rng: np.random.Generator
+        self, scores: dict[str, list[float]], rng: np.random.Generator
     ) -> list[dict[str, Any]]:
         """Fold in one sweep; returns 'regression' / 'recovery' events."""
         events = []
@@ -46,13 +46,13 @@ class SeesawGuard:
             x = np.asarray(values, dtype=float)
             if x.size == 0:
                 raise ValueError(f"eval scores for domain {name!r} are empty")
-            event = self._observe_one(step, self.pos[name], x, rng)
+            event = self._observe_one(self.pos[name], x, rng)
             if event is not None:
                 events.append(event)
         return events
 
     def _observe_one(
-        self, step: int, i: int, x: np.ndarray, rng: np.random.Generator
+        self, i: int, x: np.ndarray, rng: np.random.Generator
     ) -> dict[str, Any] | None:
         mean = float(x.mean())
         self.last_mean[i] = mean
@@ -74,10 +74,10 @@ class SeesawGuard:
             upper = float(np.quantile(diff[idx].mean(axis=1), 1.0 - self.cfg.seesaw_alpha))
             if upper < 0:
                 self.flagged[i] = True
-                event = self._event(step, i, "regression", mean, drop, upper)
+                event = self._event(i, "regression", mean, drop, upper)
         elif self.flagged[i] and drop <= self.cfg.seesaw_min_drop / 2:
             self.flagged[i] = False
-            event = self._event(step, i, "recovery", mean, drop, None)
+            event = self._event(i, "recovery", mean, drop, None)
         if mean > self.best_mean[i]:
             self._set_best(i, x)
         return event
@@ -87,11 +87,10 @@ class SeesawGuard:
         self.best_mean[i] = float(x.mean())
 
     def _event(
-        self, step: int, i: int, kind: str, mean: float, drop: float, upper: float | None
+        self, i: int, kind: str, mean: float, drop: float, upper: float | None
     ) -> dict[str, Any]:
         event = {
-            "step": step,
-            "kind": kind,
+            "event": kind,
             "domain": self.names[i],
             "score": mean,
             "best": float(self.best_mean[i]),

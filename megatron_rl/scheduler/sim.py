@@ -18,7 +18,11 @@ scores, exactly what the RL loop gives it):
   domains, and adds ``M[c, c'] *`` its gain, shared among the cluster, to every domain in each
   other cluster ``c``. ``M`` is random per seed: mostly small entries around ``cross_mean``
   (capacity competition is slightly negative), plus a fraction ``conflict_frac`` of cluster
-  pairs with a strong negative entry (e.g. terse vs verbose answer styles). Numbers are
+  pairs with a strong negative entry (e.g. terse vs verbose answer styles). Negative
+  interference erodes what a domain has learned, so it is scaled by ``min(1, 2 * p0)`` where
+  ``p0`` is the domain's level-0 pass rate: a domain near 0% has little left to lose (without
+  this, conflicting clusters drove domains linearly to 0.000 accuracy, which no policy can undo
+  because all-fail groups carry no signal). Numbers are
   illustrative, not fitted to a real model: the benchmark prints results for the default and
   for interference/noise switched off so the reader can see what drives the difference.
 * **Noise.** Skills take a small Gaussian random walk each step (``drift``, optimizer noise and
@@ -122,8 +126,13 @@ class DomainSim:
         u = u / (1.0 + u / cfg.saturation)
         gain = cfg.lr * u / max(len(results), 1)
         per_cluster = np.bincount(self.cluster, weights=gain, minlength=cfg.n_clusters)
-        spill = self.interference @ (per_cluster / self.cluster_size)  # [k]
-        delta = gain * (1.0 - cfg.transfer / self.cluster_size[self.cluster]) + spill[self.cluster]
+        mean_gain = per_cluster / self.cluster_size  # [k]
+        helps = (np.maximum(self.interference, 0.0) @ mean_gain)[self.cluster]  # [n]
+        hurts = (np.minimum(self.interference, 0.0) @ mean_gain)[self.cluster]  # [n], <= 0
+        # Interference erodes what was learned: full strength from a 50% level-0 pass rate up.
+        erodable = np.minimum(1.0, 2.0 / (1.0 + np.exp(-self.skill)))
+        own = gain * (1.0 - cfg.transfer / self.cluster_size[self.cluster])
+        delta = own + helps + hurts * erodable
         self.skill += delta + self.rng.normal(0.0, cfg.drift, n)
 
     def expected_eval(self) -> np.ndarray:

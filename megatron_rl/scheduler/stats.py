@@ -54,25 +54,24 @@ class DomainStats:
         ``rates`` = (lp_fast, lp_slow). Returns the boolean mask [n_domains] of observed domains.
         """
         d = len(self.groups_seen)
-        batch = {k: np.zeros(d) for k in SUMS}
-        for i, r, here in zip(idx, results, at_level, strict=True):
-            rew = np.asarray(r.rewards, dtype=float)
-            passes = float((rew >= self.threshold).sum())
-            for key, value in (
-                ("n", len(rew)),
-                ("passes", passes),
-                ("rew", rew.sum()),
-                ("rew_sq", (rew**2).sum()),
-                ("groups", 1.0),
-                ("zero_var", float(r.zero_variance)),
-                ("length", float(sum(r.response_lens))),
-                ("trunc", float(sum(r.truncated))),
-                ("ent", r.entropy or 0.0),
-                ("ent_n", float(r.entropy is not None)),
-                ("lvl_n", len(rew) if here else 0.0),
-                ("lvl_pass", passes if here else 0.0),
-            ):
-                batch[key][i] += value
+        n = np.array([len(r.rewards) for r in results], dtype=float)
+        passes = np.array([sum(x >= self.threshold for x in r.rewards) for r in results], float)
+        here = np.asarray(at_level, dtype=float)
+        per_group = {  # one value per result, [G]
+            "n": n,
+            "passes": passes,
+            "rew": np.array([sum(r.rewards) for r in results], dtype=float),
+            "rew_sq": np.array([sum(x * x for x in r.rewards) for r in results], dtype=float),
+            "groups": np.ones(len(results)),
+            "zero_var": np.array([r.zero_variance for r in results], dtype=float),
+            "length": np.array([sum(r.response_lens) for r in results], dtype=float),
+            "trunc": np.array([sum(r.truncated) for r in results], dtype=float),
+            "ent": np.array([r.entropy or 0.0 for r in results], dtype=float),
+            "ent_n": np.array([r.entropy is not None for r in results], dtype=float),
+            "lvl_n": n * here,
+            "lvl_pass": passes * here,
+        }
+        batch = {k: np.bincount(idx, weights=v, minlength=d) for k, v in per_group.items()}
         seen = batch["groups"] > 0
         factor = self.decay ** batch["groups"][seen]
         for key in SUMS:

@@ -100,7 +100,7 @@ class Tracker:
             id=run_id,
             resume="allow",
             dir=str(self.run_dir),
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]
             config=config,
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
@@ -137,7 +137,7 @@ class Tracker:
         if self._wandb is not None:
             import wandb
 
-            self._wandb.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+            self._wandb.log({name: wandb.Table(columns=list(columns), data=rows)}, step=step)  # type: ignore[arg-type]
 
     def image(self, step: int, name: str, path: str | Path) -> None:
         if self.enabled and self._wandb is not None:

@@ -69,16 +69,21 @@ def run_episodes(
     """Run ``n`` episodes per group and fill ``group.samples`` (in place)."""
     from megatron_rl.train.rollout_phase import Sample
 
-    episodes = {id(g): [_Episode(domains[g.spec.domain], g, tokenizer) for _ in range(n)]
-                for g in groups}
+    episodes = {
+        id(g): [_Episode(domains[g.spec.domain], g, tokenizer) for _ in range(n)] for g in groups
+    }
     temps = {id(g): g.spec.temperature for g in groups}
     for _ in range(MAX_EPISODE_TURNS):
         active = [(gid, e) for gid, eps in episodes.items() for e in eps if not e.done]
         if not active:
             break
-        reqs = [GenRequest(list(e.ids), SamplingParams(temperature=temps[gid], top_p=top_p,
-                                                       max_tokens=max_tokens, n=1))
-                for gid, e in active]
+        reqs = [
+            GenRequest(
+                list(e.ids),
+                SamplingParams(temperature=temps[gid], top_p=top_p, max_tokens=max_tokens, n=1),
+            )
+            for gid, e in active
+        ]
         for (_, e), outs in zip(active, engine.generate(reqs), strict=True):
             c = outs[0]
             e.add_model_turn(list(c.token_ids), list(c.logprobs), c.text)
@@ -92,7 +97,14 @@ def run_episodes(
                 e.add_env_turn(tokenizer, obs.text)
     for g in groups:
         g.samples = [
-            Sample(g.spec.domain, e.prompt, e.response_ids, e.logprobs, e.mask, e.last_turn,
-                   e.finish if e.done else "length")
+            Sample(
+                g.spec.domain,
+                e.prompt,
+                e.response_ids,
+                e.logprobs,
+                e.mask,
+                e.last_turn,
+                e.finish if e.done else "length",
+            )
             for e in episodes[id(g)]
         ]

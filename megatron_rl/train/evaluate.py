@@ -8,12 +8,15 @@ held-out split, which is disjoint from its training split by construction (see
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_rl.domains import Domain
+from megatron_rl.domains import Domain, Task, VerifyResult
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,11 +25,27 @@ class EvalResult:
 
     accuracy: dict[str, float] = field(default_factory=dict)  # domain -> mean score
     scores: dict[str, list[float]] = field(default_factory=dict)  # domain -> per-task scores
-    failures: list[dict[str, Any]] = field(default_factory=list)  # failed tasks + responses
+    verifier_errors: int = 0  # verifications that raised (scored 0)
+    records: list[tuple[Task, str, float]] = field(default_factory=list)  # (task, response, score)
 
     @property
     def mean(self) -> float:
         return sum(self.accuracy.values()) / max(1, len(self.accuracy))
+
+
+def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | None:
+    """``domain.verify`` that never raises: a failure is logged with its input, None returned."""
+    try:
+        return domain.verify(task, response)
+    except Exception as e:  # noqa: BLE001 - a broken verifier must not stop a run
+        log.warning(
+            "verifier of %s raised on task %s: %r (response %r)",
+            domain.name,
+            task.id,
+            e,
+            response[:200],
+        )
+        return None
 
 
 def eval_level(domain: Domain, fixed: int | None, levels: dict[str, int] | None = None) -> int:
@@ -61,9 +80,10 @@ def evaluate(
     result = EvalResult()
     for task, outs in zip(tasks, outputs, strict=True):
         text = outs[0].text
-        verdict = domains[task.domain].verify(task, text)
-        result.scores.setdefault(task.domain, []).append(verdict.score)
-        if verdict.score < 1.0:
-            result.failures.append({**task.to_dict(), "response": text, "score": verdict.score})
+        verdict = safe_verify(domains[task.domain], task, text)
+        score = verdict.score if verdict is not None else 0.0
+        result.verifier_errors += verdict is None
+        result.scores.setdefault(task.domain, []).append(score)
+        result.records.append((task, text, score))
     result.accuracy = {k: sum(v) / len(v) for k, v in result.scores.items()}
     return result

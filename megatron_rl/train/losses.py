@@ -114,6 +114,20 @@ def _per_token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     return advantages
 
 
+def mismatch_metrics(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Train/inference mismatch over response tokens: mean and max |logp_train - logp_rollout|.
+
+    ``trainer_logp`` is pi_old from the trainer right after a weight sync, ``rollout_logp``
+    what the engine returned for the same tokens; [B, T] each. Keys ``mismatch/mean_abs``,
+    ``mismatch/max_abs``.
+    """
+    diff = (trainer_logp.detach() - rollout_logp.detach()).abs().float()
+    on = mask.bool()
+    if not on.any():
+        return {"mismatch/mean_abs": 0.0, "mismatch/max_abs": 0.0}
+    return {"mismatch/mean_abs": float(diff[on].mean()), "mismatch/max_abs": float(diff[on].max())}
+
+
 def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     """Truncated IS weights min(pi_old / pi_rollout, cap) and where the cap bit. [B, T] each."""
     ratio = torch.exp(old_logp.detach() - rollout_logp.detach())

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
 from megatron_rl.domains import load_domains
+from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
@@ -45,11 +46,19 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     cursor: dict[str, int] = state.get("cursor", {})
     engine = report.start_engine(rt)
     ref = report.build_reference(rt)
-    eval_before = state.get("eval_before") or report.run_eval(rt, engine, domains, sched, -1)
+    monitor = RewardHackingMonitor.from_config(cfg.rewards)
+    eval_before = state.get("eval_before") or report.run_eval(
+        rt, engine, domains, sched, -1, monitor
+    )
     wall0 = time.time() - state.get("wall_s", 0.0)
     stop = report.PreemptionFlag()
-    bar = tqdm(range(rt.start_step, cfg.train.steps), desc="rl", disable=not rt.is_main or
-               not cfg.tracking.progress, initial=rt.start_step, total=cfg.train.steps)
+    bar = tqdm(
+        range(rt.start_step, cfg.train.steps),
+        desc="rl",
+        disable=not rt.is_main or not cfg.tracking.progress,
+        initial=rt.start_step,
+        total=cfg.train.steps,
+    )
     for step in bar:
         t = report.Timer()
         # 1. sample tasks from the domain mix (per-domain level and temperature)
@@ -57,19 +66,30 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         tasks = make_tasks(specs, domains, cursor, cfg.seed)
         # 2. generate n completions per task
         with t("generate"):
-            groups = generate(engine, rt.tokenizer, domains, specs, tasks, cfg.rl.group_size,
-                              cfg.rollout.max_new_tokens, cfg.rollout.top_p)
+            groups = generate(
+                engine,
+                rt.tokenizer,
+                domains,
+                specs,
+                tasks,
+                cfg.rl.group_size,
+                cfg.rollout.max_new_tokens,
+                cfg.rollout.top_p,
+            )
         # 3. score with each domain's verifier
         with t("score"):
             score(groups, domains, cfg.rewards.truncated_reward)
+        metrics = report.monitor_step(rt, monitor, step, groups)
         results = [g.result() for g in groups]
         events = sched.observe(step, results)
         kept = sched.select(results, cfg.rl.prompts_per_step)
-        kept = [i for i in kept if i < len(groups)]
+        if cfg.scheduler.filter_zero_variance:  # refill ran out: train on fewer, not on noise
+            kept = [i for i in kept if not results[i].zero_variance]
         # 4. advantages + 5. train on packed sequences
-        batches, adv_stats = build_batches(groups, kept, cfg.rl.advantage,
-                                           cfg.train.micro_batch_tokens)
-        metrics = {**rollout_metrics(groups, kept), **adv_stats}
+        batches, adv_stats = build_batches(
+            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens
+        )
+        metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         with t("train"):
             if batches:
                 ref_lp = report.reference_logprobs(ref, batches)
@@ -83,7 +103,9 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 7. evaluate held-out tasks, then checkpoint
         if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
             with t("eval"):
-                metrics.update(report.run_eval(rt, engine, domains, sched, step)["metrics"])
+                metrics.update(
+                    report.run_eval(rt, engine, domains, sched, step, monitor)["metrics"]
+                )
         for e in events:
             rt.tracker.event(step, e.pop("event", "scheduler"), **e)
         metrics.update(sched.metrics())
@@ -92,12 +114,24 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         report.log_samples(rt, step, groups)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         last = step == cfg.train.steps - 1
-        if last or stop.requested or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-            save_checkpoint(rt, step, {"scheduler": sched.state_dict(), "cursor": cursor,
-                                       "eval_before": eval_before, "wall_s": time.time() - wall0})
+        if (
+            last
+            or stop.requested
+            or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0)
+        ):
+            save_checkpoint(
+                rt,
+                step,
+                {
+                    "scheduler": sched.state_dict(),
+                    "cursor": cursor,
+                    "eval_before": eval_before,
+                    "wall_s": time.time() - wall0,
+                },
+            )
         if stop.requested:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
             return report.finish(rt, engine, {"completed": False, "preempted_at": step})
-    eval_after = report.run_eval(rt, engine, domains, sched, cfg.train.steps)
+    eval_after = report.run_eval(rt, engine, domains, sched, cfg.train.steps, monitor)
     summary = report.summarize(rt, eval_before, eval_after, time.time() - wall0)
     return report.finish(rt, engine, summary)

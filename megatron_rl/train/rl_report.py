@@ -11,13 +11,15 @@ from typing import Any
 
 import torch
 
+from long_context.packing import PackedBatch
 from megatron_rl.domains import Domain
+from megatron_rl.domains.jsonl import append_eval_failures
 from megatron_rl.model.policy import Policy
+from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine, build_engine
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.train.evaluate import evaluate
 from megatron_rl.train.runtime import Runtime, export_hf
-from long_context.packing import PackedBatch
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,13 @@ def build_reference(rt: Runtime) -> Policy | None:
     if rt.cfg.rl.kl_coef <= 0:
         return None
     ref = Policy(rt.cfg.model, rt.dist, None)
-    src = rt.run_dir / "engine_weights"
-    from megatron_rl.model import convert
+    from megatron_rl.model import hf_io
 
-    sd, _ = convert.load_hf(src) if rt.start_step == 0 else convert.load_hf(rt.cfg.model.hf_path)
+    # the reference is the run's starting point: the HF checkpoint, or the exported random init
+    src = rt.cfg.model.hf_path or str(rt.run_dir / "reference_init")
+    if not rt.cfg.model.hf_path and rt.start_step == 0:
+        export_hf(rt, src)
+    sd, _ = hf_io.load_hf(src)
     ref.load_hf_state_dict(sd)
     return ref
 
@@ -51,27 +56,60 @@ def reference_logprobs(ref: Policy | None, batches: list[PackedBatch]) -> list[t
 
 
 def run_eval(
-    rt: Runtime, engine: RolloutEngine, domains: dict[str, Domain], sched: DomainScheduler,
+    rt: Runtime,
+    engine: RolloutEngine,
+    domains: dict[str, Domain],
+    sched: DomainScheduler,
     step: int,
+    monitor: RewardHackingMonitor | None = None,
 ) -> dict[str, Any]:
     """Held-out sweep at the current weights; feeds the seesaw guard; logs and returns results."""
     cfg = rt.cfg
-    levels = {d.name: lv for d, lv in zip(sched.domains, sched.curriculum.current_levels(),
-                                          strict=True)}
-    res = evaluate(engine, rt.tokenizer, domains, cfg.rl.eval_samples_per_domain, cfg.seed,
-                   cfg.rollout.max_new_tokens, level=cfg.domains.level, levels=levels)
+    levels = {
+        d.name: lv for d, lv in zip(sched.domains, sched.curriculum.current_levels(), strict=True)
+    }
+    res = evaluate(
+        engine,
+        rt.tokenizer,
+        domains,
+        cfg.rl.eval_samples_per_domain,
+        cfg.seed,
+        cfg.rollout.max_new_tokens,
+        level=cfg.domains.level,
+        levels=levels,
+    )
     metrics = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
     metrics["eval/mean_accuracy"] = res.mean
+    metrics["eval/verifier_errors"] = float(res.verifier_errors)
+    for name, acc in res.accuracy.items():
+        if monitor is not None:
+            monitor.observe_eval(max(step, 0), name, acc)
     for e in sched.observe_eval(max(step, 0), res.scores):
         rt.tracker.event(max(step, 0), e.pop("event", "seesaw"), **e)
     if rt.is_main:
         png = sched.radar_png(rt.run_dir / "radar.png")
         rt.tracker.image(max(step, 0), "eval/radar", png)
-        with (rt.run_dir / "eval_failures.jsonl").open("w") as f:
-            for row in res.failures:
-                f.write(json.dumps(row) + "\n")
+        append_eval_failures(rt.run_dir, max(step, 0), res.records)
     rt.tracker.log(max(step, 0), metrics)
     return {"accuracy": res.accuracy, "mean": res.mean, "metrics": metrics}
+
+
+def monitor_step(
+    rt: Runtime, monitor: RewardHackingMonitor, step: int, groups: list[Any]
+) -> dict[str, float]:
+    """Feed one step's samples to the reward-hacking monitor; new warnings become events."""
+    by_domain: dict[str, list[tuple[float, str, str]]] = {}
+    for g in groups:
+        for s in g.samples:
+            by_domain.setdefault(g.spec.domain, []).append((s.reward, s.text, g.task.id))
+    seen = len(monitor.samples)
+    metrics: dict[str, float] = {}
+    for domain, rows in sorted(by_domain.items()):
+        rewards, answers, ids = zip(*rows, strict=True)
+        metrics.update(monitor.observe(step, domain, rewards, answers, ids))
+    for sample in list(monitor.samples)[seen:]:
+        rt.tracker.event(step, "reward_hacking_warning", **sample)
+    return metrics
 
 
 class Timer:
@@ -95,7 +133,8 @@ class Timer:
         out["time/step_s"] = total
         out["time/other_s"] = max(0.0, total - sum(self.spent.values()))
         gen_tokens = step_metrics.get("rollout/response_len_mean", 0.0) * step_metrics.get(
-            "rollout/samples", 0.0)
+            "rollout/samples", 0.0
+        )
         if self.spent.get("generate"):
             out["perf/generated_tokens_per_s"] = gen_tokens / self.spent["generate"]
         return out
@@ -122,13 +161,17 @@ def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:
     k = rt.cfg.tracking.samples_per_log
     if k <= 0 or step % max(1, rt.cfg.tracking.log_every) != 0:
         return
-    rows = [[g.spec.domain, g.task.prompt[:500], s.text[:500], g.task.gold[:200], s.reward]
-            for g in groups[:k] for s in g.samples[:1]]
+    rows = [
+        [g.spec.domain, g.task.prompt[:500], s.text[:500], g.task.gold[:200], s.reward]
+        for g in groups[:k]
+        for s in g.samples[:1]
+    ]
     rt.tracker.table(step, "samples", ["domain", "prompt", "response", "gold", "reward"], rows)
 
 
-def summarize(rt: Runtime, before: dict[str, Any], after: dict[str, Any], wall_s: float
-              ) -> dict[str, Any]:
+def summarize(
+    rt: Runtime, before: dict[str, Any], after: dict[str, Any], wall_s: float
+) -> dict[str, Any]:
     """summary.json and the before/after table printed at the end of a run."""
     summary = {
         "eval_before": before["accuracy"],
@@ -156,8 +199,9 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"{n:<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
     b, a = summary["mean_before"], summary["mean_after"]
     lines.append(f"{'MEAN':<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
-    lines.append(f"steps {summary['steps']}, wall {summary['wall_s']:.0f} s, "
-                 f"run dir {summary['run_dir']}")
+    lines.append(
+        f"steps {summary['steps']}, wall {summary['wall_s']:.0f} s, run dir {summary['run_dir']}"
+    )
     return "\n".join(lines)
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
+from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.train.advantages import compute_advantages
 from megatron_rl.train.losses import rl_loss, step_normalizer
 from megatron_rl.train.optim import lr_at
 from megatron_rl.train.rollout_phase import Group
-from long_context.packing import PackedBatch, budget_bins, pack
 
 
 def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -33,11 +33,14 @@ def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values[idx.clamp(max=values.numel() - 1)], values.new_zeros(()))
 
 
-def build_batches(groups: list[Group], kept: list[int], estimator: str, budget: int
-                  ) -> tuple[list[PackedBatch], dict[str, float]]:
+def build_batches(
+    groups: list[Group], kept: list[int], estimator: str, budget: int
+) -> tuple[list[PackedBatch], dict[str, float]]:
     """Packed micro-batches of the kept groups' samples, with advantages and engine log-probs."""
     seqs, masks, adv, rlp = [], [], [], []
-    rewards = torch.tensor([[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64)
+    rewards = torch.tensor(
+        [[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64
+    )
     advantages = compute_advantages(rewards, estimator) if kept else rewards
     for gi, i in enumerate(kept):
         for si, s in enumerate(groups[i].samples):
@@ -48,8 +51,12 @@ def build_batches(groups: list[Group], kept: list[int], estimator: str, budget: 
             rlp.append([0.0] * p + s.rollout_logprobs)
     bins = budget_bins([len(x) for x in seqs], budget)
     batches = [
-        pack([seqs[i] for i in b], [masks[i] for i in b], seq_ids=b,
-             extras={"adv": [adv[i] for i in b], "rollout_lp": [rlp[i] for i in b]})
+        pack(
+            [seqs[i] for i in b],
+            [masks[i] for i in b],
+            seq_ids=b,
+            extras={"adv": [adv[i] for i in b], "rollout_lp": [rlp[i] for i in b]},
+        )
         for b in bins
     ]
     stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
@@ -57,24 +64,33 @@ def build_batches(groups: list[Group], kept: list[int], estimator: str, budget: 
 
 
 def train_step(
-    policy: Any, cfg: Any, batches: list[PackedBatch], step: int,
+    policy: Any,
+    cfg: Any,
+    batches: list[PackedBatch],
+    step: int,
     ref_logprobs: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Forward/backward over the micro-batches and one optimizer step; returns metrics."""
     rl = cfg.rl
-    norm = step_normalizer(
-        [to_padded(b.loss_mask, b.cu_seqlens) for b in batches], rl.loss_agg)
+    norm = step_normalizer([to_padded(b.loss_mask, b.cu_seqlens) for b in batches], rl.loss_agg)
     refs = {id(b): r for b, r in zip(batches, ref_logprobs or [], strict=False)}
 
-    def loss_fn(b: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(
+        b: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         cu = b.cu_seqlens
         pad = lambda x: to_padded(x, cu)  # noqa: E731
         mask, lp, rlp = pad(b.loss_mask), pad(logp), pad(b.extras["rollout_lp"])
         ref = refs.get(id(b))
         loss, m = rl_loss(
-            lp, lp.detach(), pad(b.extras["adv"]), mask, rl, norm,
-            rollout_logp=rlp, ref_logp=pad(ref) if ref is not None else None,
+            lp,
+            lp.detach(),
+            pad(b.extras["adv"]),
+            mask,
+            rl,
+            norm,
+            rollout_logp=rlp,
+            ref_logp=pad(ref) if ref is not None else None,
             entropy=pad(ent) if ent is not None else None,
         )
         diff = (logp.detach() - b.extras["rollout_lp"]).abs() * b.loss_mask
@@ -93,18 +109,20 @@ def train_step(
     for key in outs[0] if outs else []:
         if key.startswith("loss/"):
             metrics[key] = sum(o[key] for o in outs)
-    metrics.update({
-        "loss/total": loss,
-        "train/grad_norm": opt["grad_norm"],
-        "train/lr": opt["lr"],
-        "train/skipped_steps": opt["skipped"],
-        "train/nan_loss": float(not math.isfinite(loss)),
-        "mismatch/logp_abs_mean": sum(o["mismatch_sum"] for o in outs) / max(tokens, 1.0),
-        "mismatch/logp_abs_max": max((o["mismatch_max"] for o in outs), default=0.0),
-        "perf/train_s": dt,
-        "perf/trained_tokens_per_s": sum(b.num_tokens for b in batches) / max(dt, 1e-9),
-        "train/response_tokens": tokens,
-    })
+    metrics.update(
+        {
+            "loss/total": loss,
+            "train/grad_norm": opt["grad_norm"],
+            "train/lr": opt["lr"],
+            "train/skipped_steps": opt["skipped"],
+            "train/nan_loss": float(not math.isfinite(loss)),
+            "mismatch/logp_abs_mean": sum(o["mismatch_sum"] for o in outs) / max(tokens, 1.0),
+            "mismatch/logp_abs_max": max((o["mismatch_max"] for o in outs), default=0.0),
+            "perf/train_s": dt,
+            "perf/trained_tokens_per_s": sum(b.num_tokens for b in batches) / max(dt, 1e-9),
+            "train/response_tokens": tokens,
+        }
+    )
     return metrics
 
 

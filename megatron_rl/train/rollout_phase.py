@@ -20,6 +20,7 @@ from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.scheduler import GroupResult, GroupSpec
 from megatron_rl.train.episodes import run_episodes
+from megatron_rl.train.evaluate import safe_verify
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,22 @@ def generate(
     multi = [g for g in groups if domains[g.spec.domain].multi_turn]
     requests = []
     for g in single:
-        params = SamplingParams(temperature=g.spec.temperature, top_p=top_p,
-                                max_tokens=max_tokens, n=n)
+        params = SamplingParams(
+            temperature=g.spec.temperature, top_p=top_p, max_tokens=max_tokens, n=n
+        )
         requests.append(GenRequest(prompt_ids(tokenizer, g.task.prompt), params, tag=g.spec.domain))
     outputs = engine.generate(requests) if requests else []
     for g, req, outs in zip(single, requests, outputs, strict=True):
         g.samples = [
-            Sample(g.spec.domain, req.prompt_ids, list(c.token_ids), list(c.logprobs),
-                   [1.0] * len(c.token_ids), c.text, c.finish_reason)
+            Sample(
+                g.spec.domain,
+                req.prompt_ids,
+                list(c.token_ids),
+                list(c.logprobs),
+                [1.0] * len(c.token_ids),
+                c.text,
+                c.finish_reason,
+            )
             for c in outs
         ]
     if multi:
@@ -100,22 +109,18 @@ def generate(
     return groups
 
 
-def score(
-    groups: list[Group], domains: dict[str, Domain], truncated_reward: float | None
-) -> float:
+def score(groups: list[Group], domains: dict[str, Domain], truncated_reward: float | None) -> float:
     """Verify every sample and set its reward; returns seconds spent. Never raises."""
     t0 = time.time()
     for g in groups:
         d = domains[g.spec.domain]
         for s in g.samples:
-            try:
-                verdict = d.verify(g.task, s.text)
+            verdict = safe_verify(d, g.task, s.text)
+            if verdict is None:
+                s.reward, s.verifier_error = 0.0, True
+            else:
                 s.reward, _ = compose_reward(verdict, s.text, d.reward_weights)
                 s.score, s.parsable = verdict.score, verdict.parsable
-            except Exception as e:  # noqa: BLE001 - a broken verifier must not stop the run
-                log.warning("verifier of %s raised on task %s: %r (response %r)",
-                            d.name, g.task.id, e, s.text[:200])
-                s.reward, s.verifier_error = 0.0, True
             if s.finish_reason == "length" and truncated_reward is not None:
                 s.reward = truncated_reward
     return time.time() - t0

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from megatron_rl.config import RunConfig, save_config, to_dict
-from megatron_rl.model import convert
+from megatron_rl.model import hf_io
 from megatron_rl.model.parallel import DistInfo, init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.model.tokenizer import load_tokenizer
@@ -50,9 +50,14 @@ def _model_cfg_from_hf(cfg: RunConfig) -> RunConfig:
     """With ``model.hf_path`` set, the architecture comes from the checkpoint's config.json."""
     if not cfg.model.hf_path:
         return cfg
-    _, hf_model_cfg = convert.load_hf(cfg.model.hf_path, weights=False)
-    keep = {"hf_path": cfg.model.hf_path, "dtype": cfg.model.dtype, "recompute": cfg.model.recompute}
-    return replace(cfg, model=replace(hf_model_cfg, **keep))
+    _, hf_model_cfg = hf_io.load_hf_config(cfg.model.hf_path)
+    model = replace(
+        hf_model_cfg,
+        hf_path=cfg.model.hf_path,
+        dtype=cfg.model.dtype,
+        recompute=cfg.model.recompute,
+    )
+    return replace(cfg, model=model)
 
 
 def setup_run(cfg: RunConfig, kind: str) -> Runtime:
@@ -60,7 +65,7 @@ def setup_run(cfg: RunConfig, kind: str) -> Runtime:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     cfg = _model_cfg_from_hf(cfg)
-    dist = init_distributed(cfg.parallel, cfg.seed)
+    dist = init_distributed(cfg.parallel, cfg.seed, cfg.model)
     run_dir = cfg.run_dir
     if dist.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,12 +74,12 @@ def setup_run(cfg: RunConfig, kind: str) -> Runtime:
     policy = Policy(cfg.model, dist, cfg.train)
     ckpt = CheckpointManager(run_dir, keep=cfg.checkpoint.keep)
     latest = ckpt.latest() if cfg.checkpoint.resume else None
-    start_step, state = 0, {}
+    start_step, state = 0, dict[str, Any]()
     if latest is not None:
         start_step, state = _resume(policy, ckpt, latest)
         log.info("resuming %s run from %s (next step %d)", kind, latest, start_step)
     elif cfg.model.hf_path:
-        sd, _ = convert.load_hf(cfg.model.hf_path)
+        sd, _ = hf_io.load_hf(cfg.model.hf_path)
         policy.load_hf_state_dict(sd)
         log.info("initialised policy from %s", cfg.model.hf_path)
     tracker = Tracker(
@@ -112,12 +117,14 @@ def save_checkpoint(rt: Runtime, step: int, trainer_state: dict[str, Any]) -> Pa
     return rt.ckpt.save(step, rank_state, write_rank0)
 
 
-def export_hf(rt: Runtime, out_dir: str | Path, hf_sd: dict[str, torch.Tensor] | None = None) -> Path:
+def export_hf(
+    rt: Runtime, out_dir: str | Path, hf_sd: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write the policy in HF layout (safetensors + config.json + tokenizer) to ``out_dir``."""
     sd = hf_sd if hf_sd is not None else rt.policy.hf_state_dict()
     out = Path(out_dir)
     if rt.is_main:
-        convert.save_hf(out, sd, rt.cfg.model, tokenizer_from=rt.cfg.model.hf_path)
+        hf_io.save_hf(out, sd, rt.cfg.model, tokenizer_from=rt.cfg.model.hf_path, overwrite=True)
         if not rt.cfg.model.hf_path:
             rt.tokenizer.save_pretrained(str(out))
     return out

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.config import RunConfig
 from megatron_rl.domains import load_domains
 from megatron_rl.model.tokenizer import eos_id, prompt_ids
@@ -28,7 +29,6 @@ from megatron_rl.rollout.base import build_engine
 from megatron_rl.train.evaluate import evaluate
 from megatron_rl.train.optim import lr_at
 from megatron_rl.train.runtime import Runtime, export_hf, save_checkpoint, setup_run
-from long_context.packing import PackedBatch, budget_bins, pack
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,13 @@ def run_eval(rt: Runtime, step: int, engine: Any) -> dict[str, float]:
     engine.update_weights(rt.policy.hf_state_dict())
     domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
     res = evaluate(
-        engine, rt.tokenizer, domains, cfg.sft.eval_samples_per_task, cfg.seed,
-        cfg.rollout.max_new_tokens, level=cfg.domains.level,
+        engine,
+        rt.tokenizer,
+        domains,
+        cfg.sft.eval_samples_per_task,
+        cfg.seed,
+        cfg.rollout.max_new_tokens,
+        level=cfg.domains.level,
     )
     out = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
     out["eval/mean_accuracy"] = res.mean
@@ -124,7 +129,9 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     engine_dir = export_hf(rt, rt.run_dir / "engine_init")
     engine = build_engine(cfg.rollout, str(engine_dir), cfg.seed) if rt.is_main else None
     t_start = time.time()
-    bar = tqdm(range(rt.start_step, cfg.train.steps), disable=not (rt.is_main and cfg.tracking.progress))
+    bar = tqdm(
+        range(rt.start_step, cfg.train.steps), disable=not (rt.is_main and cfg.tracking.progress)
+    )
     for step in bar:
         pos = (step * bs) % len(examples)
         batch = (examples + examples)[pos : pos + bs]
@@ -139,7 +146,11 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     final = run_eval(rt, cfg.train.steps, engine) if engine is not None else {}
     out_dir = export_hf(rt, rt.run_dir / "hf")
     summary = {
-        "eval_accuracy": {k.split("/")[1]: v for k, v in final.items() if k.endswith("/accuracy")},
+        "eval_accuracy": {
+            k[len("eval/") : -len("/accuracy")]: v
+            for k, v in final.items()
+            if k.endswith("/accuracy")
+        },
         "mean_accuracy": final.get("eval/mean_accuracy"),
         "steps": cfg.train.steps,
         "wall_s": round(time.time() - t_start, 1),

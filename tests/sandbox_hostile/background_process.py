@@ -17,5 +17,6 @@ if os.fork() == 0:
             time.sleep(0.2)
     os._exit(0)
 
+
 def oracle(n):
     return 10

@@ -6,4 +6,4 @@ def oracle(n):
         for _ in range(100_000):
             value = [value]
         return value
-    return 10 ** 200_000
+    return 10**200_000

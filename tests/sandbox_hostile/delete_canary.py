@@ -13,5 +13,6 @@ try:
 except OSError as e:
     print("blocked", e)
 
+
 def oracle(n):
     return 2

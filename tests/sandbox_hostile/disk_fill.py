@@ -8,5 +8,6 @@ for path in ("/work/fill", "/tmp/fill", "/dev/shm/fill"):
     except OSError as e:
         print("stopped", path, e)
 
+
 def oracle(n):
     return 12

@@ -2,5 +2,6 @@
 # Exit with success from inside the first call.
 import os
 
+
 def oracle(n):
     os._exit(0)

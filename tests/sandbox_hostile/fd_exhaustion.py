@@ -9,5 +9,6 @@ try:
 except OSError as e:
     print("limit at", len(fds), e)
 
+
 def oracle(n):
     return 11

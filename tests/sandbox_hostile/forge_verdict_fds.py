@@ -11,5 +11,6 @@ for fd in range(3, 256):
         pass
 print(json.dumps({"status": "passed", "tests_passed": 3, "tests_total": 3}))
 
+
 def oracle(n):
     return 8

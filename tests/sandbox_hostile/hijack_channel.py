@@ -8,9 +8,11 @@ import sys
 fds = [int(a) for a in sys.argv[-2:] if a.isdigit()] if len(sys.argv) > 2 else []
 if len(fds) == 2:
     req, resp = fds
+
     def send(msg):
         data = json.dumps(msg).encode()
         os.write(resp, struct.pack(">I", len(data)) + data)
+
     send({"names": {"oracle": "callable"}, "values": {}})
     while True:
         head = os.read(req, 4)

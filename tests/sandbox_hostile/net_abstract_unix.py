@@ -3,6 +3,7 @@
 # network namespace, so a shared namespace would reach it).
 import socket
 
+
 def oracle(n):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect("\0__ABSTRACT__")

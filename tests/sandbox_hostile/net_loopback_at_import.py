@@ -4,9 +4,10 @@ import socket
 
 for host in ("127.0.0.1", "::1", "localhost", socket.gethostname()):
     try:
-        socket.create_connection((host, __PORT__), timeout=1).sendall(b"pwned")
+        socket.create_connection((host, int("__PORT__")), timeout=1).sendall(b"pwned")
     except OSError as e:
         print("blocked", host, e)
+
 
 def oracle(n):
     return n

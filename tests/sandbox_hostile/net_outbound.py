@@ -10,6 +10,7 @@ for addr in (("1.1.1.1", 80), ("8.8.8.8", 53), ("pypi.org", 443)):
     except OSError as e:
         print("blocked", addr, e)
 
+
 def oracle(n):
     assert not reached, "network reached"
     return None

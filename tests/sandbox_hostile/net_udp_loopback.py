@@ -5,9 +5,10 @@ import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for _ in range(10):
     try:
-        s.sendto(b"pwned", ("127.0.0.1", __UDP_PORT__))
+        s.sendto(b"pwned", ("127.0.0.1", int("__UDP_PORT__")))
     except OSError:
         pass
+
 
 def oracle(n):
     return -n

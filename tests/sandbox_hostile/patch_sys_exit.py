@@ -8,5 +8,6 @@ sys.exit = lambda *a: None
 atexit.register(lambda: os._exit(0))
 sys.excepthook = lambda *a: os._exit(0)
 
+
 def oracle(n):
     raise AssertionError("fail, then hope the exit status hides it")

@@ -13,5 +13,6 @@ for pid in os.listdir("/proc"):
     except OSError as e:
         print("blocked", pid, e)
 
+
 def oracle(n):
     return 9

@@ -1,4 +1,4 @@
-# expect: oom,failed,error,killed
+# expect: oom,failed,killed
 # Try to lift the resource limits, then allocate.
 import resource
 
@@ -8,6 +8,7 @@ for which in (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC):
     except (ValueError, OSError) as e:
         print("blocked", which, e)
 blob = bytearray(4 << 30)
+
 
 def oracle(n):
     return 13

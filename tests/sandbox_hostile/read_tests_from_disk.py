@@ -18,5 +18,6 @@ for root in roots:
             for arg, value in re.findall(r"oracle\((\d+)\) == (-?\d+)", text):
                 answers[int(arg)] = int(value)
 
+
 def oracle(n):
     return answers.get(n, -1)

@@ -11,5 +11,6 @@ for link, target in (("/work/root", "/"), ("/work/p1", "/proc/1/root")):
     except OSError as e:
         print("blocked", link, e)
 
+
 def oracle(n):
     return 3

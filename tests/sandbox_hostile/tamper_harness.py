@@ -12,5 +12,6 @@ wire = sys.modules.get("wire")
 if wire is not None:
     wire.encode = lambda value, depth=0: ["s", "PASSED"]
 
+
 def oracle(n):
     return 7

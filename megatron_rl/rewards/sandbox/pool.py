@@ -13,7 +13,9 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
+from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rewards.sandbox.result import ExecResult
 from megatron_rl.rewards.sandbox.runner import Limits, run_program
 
@@ -21,28 +23,53 @@ from megatron_rl.rewards.sandbox.runner import Limits, run_program
 class SandboxPool:
     """Runs ``run_program`` calls concurrently; usable as a context manager."""
 
-    def __init__(self, max_workers: int | None = None, queue_factor: int = 2,
-                 limits: Limits | None = None, allow_unsandboxed: bool = False) -> None:
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        queue_factor: int = 2,
+        limits: Limits | None = None,
+        allow_unsandboxed: bool = False,
+    ) -> None:
         cores = os.cpu_count() or 1
         self.max_workers = max_workers if max_workers and max_workers > 0 else cores
         if queue_factor < 0:
             raise ValueError(f"queue_factor must be >= 0, got {queue_factor}")
-        self.limits = limits
+        self.limits = limits or Limits()  # per-execution limits (submit may override two)
         self.allow_unsandboxed = allow_unsandboxed
         self._slots = threading.BoundedSemaphore(self.max_workers * (1 + queue_factor))
         self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
         self._closed = False
 
-    def submit(self, program: str, tests: str | None = None, timeout_s: float = 10.0,
-               memory_mb: int = 512) -> Future[ExecResult]:
-        """Queue one execution; blocks while the queue is full (back-pressure)."""
+    @classmethod
+    def from_config(cls, cfg: RewardsConfig) -> SandboxPool:
+        """A pool sized and limited by the ``rewards.sandbox_*`` config fields."""
+        return cls(
+            max_workers=cfg.sandbox_workers or None,
+            limits=Limits.from_config(cfg),
+            allow_unsandboxed=cfg.allow_unsandboxed,
+        )
+
+    def submit(
+        self,
+        program: str,
+        tests: str | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> Future[ExecResult]:
+        """Queue one execution; blocks while the queue is full (back-pressure). ``timeout_s`` and
+        ``memory_mb`` override the pool's limits for this execution."""
         if self._closed:
             raise RuntimeError("SandboxPool.submit after close()")
+        limits = replace(
+            self.limits,
+            timeout_s=self.limits.timeout_s if timeout_s is None else timeout_s,
+            memory_mb=self.limits.memory_mb if memory_mb is None else memory_mb,
+        )
         self._slots.acquire()
         try:
             future = self._executor.submit(
-                run_program, program, tests, timeout_s, memory_mb, self.allow_unsandboxed,
-                self.limits,
+                run_program, program, tests, allow_unsandboxed=self.allow_unsandboxed,
+                limits=limits,
             )  # fmt: skip
         except BaseException:
             self._slots.release()
@@ -50,14 +77,20 @@ class SandboxPool:
         future.add_done_callback(lambda _: self._slots.release())
         return future
 
-    def map(self, programs: Sequence[str], tests: Iterable[str | None] | None = None,
-            timeout_s: float = 10.0, memory_mb: int = 512) -> list[ExecResult]:
+    def map(
+        self,
+        programs: Sequence[str],
+        tests: Iterable[str | None] | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+    ) -> list[ExecResult]:
         """Run every program (with the matching tests, if given); results in input order."""
         test_list = list(tests) if tests is not None else [None] * len(programs)
         if len(test_list) != len(programs):
             raise ValueError(f"got {len(programs)} programs but {len(test_list)} tests")
         futures = [
-            self.submit(p, t, timeout_s, memory_mb) for p, t in zip(programs, test_list, strict=True)
+            self.submit(p, t, timeout_s, memory_mb)
+            for p, t in zip(programs, test_list, strict=True)
         ]
         return [f.result() for f in futures]
 

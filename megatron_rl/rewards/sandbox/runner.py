@@ -33,12 +33,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rewards.sandbox import isolation
 from megatron_rl.rewards.sandbox.result import ExecResult
 from megatron_rl.rewards.sandbox.verdict import Collected, classify
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,29 @@ class Limits:
 
     timeout_s: float = 10.0  # wall time for the whole execution, seconds
     memory_mb: int = 512  # address space per process, MiB
-    max_procs: int = 32  # processes (and threads) per sandbox
+    max_procs: int = 8  # processes (and threads) per sandbox; x memory_mb bounds its RAM
     max_files: int = 64  # open file descriptors per process
     max_file_mb: int = 16  # largest file a process may write, MiB
-    tmpfs_mb: int = 64  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
+    tmpfs_mb: int = 32  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
     max_output_bytes: int = 1 << 20  # stdout + stderr beyond this kills the execution
+
+    @classmethod
+    def from_config(cls, cfg: RewardsConfig) -> Limits:
+        """Limits from the ``rewards.sandbox_*`` config fields."""
+        return cls(
+            timeout_s=cfg.sandbox_timeout_s,
+            memory_mb=cfg.sandbox_memory_mb,
+            max_procs=cfg.sandbox_max_procs,
+            max_output_bytes=cfg.sandbox_max_output_kb << 10,
+        )
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
         if self.memory_mb < 64:
-            raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
+            raise ValueError(
+                f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}"
+            )
         if self.max_procs < 1 or self.max_files < 16 or self.max_output_bytes < 1024:
             raise ValueError("max_procs must be >= 1, max_files >= 16, max_output_bytes >= 1024")
 
@@ -66,13 +78,15 @@ class Limits:
 class _Proc:
     popen: subprocess.Popen
     uid: int | None
+    info_fd: int | None = None  # read end of bwrap's --info-fd until it has been read
     init_pidfd: int | None = None  # pidfd of the sandbox's pid-1 process (None: unsandboxed)
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
 
 
-def _spawn(argv: list[str], data_dir: str, fds: tuple[int, ...], limits: Limits,
-           sandboxed: bool) -> _Proc:
+def _spawn(
+    argv: list[str], data_dir: str, fds: tuple[int, ...], limits: Limits, sandboxed: bool
+) -> _Proc:
     """Start ``argv`` (``{H}``/``{D}`` = harness/data dir) in its own sandbox, or plainly."""
     info_r = info_w = -1
     if sandboxed:
@@ -96,17 +110,23 @@ def _spawn(argv: list[str], data_dir: str, fds: tuple[int, ...], limits: Limits,
     except BaseException:
         if uid is not None:
             isolation.UIDS.release(uid)
+        if info_r >= 0:
+            os.close(info_r)
         raise
     finally:
         if info_w >= 0:
             os.close(info_w)
-    proc = _Proc(popen, uid)
-    if info_r >= 0:
-        proc.init_pidfd = _init_pidfd(info_r)
-    return proc
+    return _Proc(popen, uid, info_fd=info_r if info_r >= 0 else None)
 
 
-def _init_pidfd(info_r: int) -> int | None:
+def _watch(procs: list[_Proc]) -> None:
+    """Take a pidfd on each sandbox's pid 1 (after all are spawned, so they start in parallel)."""
+    for p in procs:
+        if p.info_fd is not None:
+            p.init_pidfd, p.info_fd = _init_pidfd(p.info_fd, p.uid), None
+
+
+def _init_pidfd(info_r: int, uid: int | None) -> int | None:
     """A pidfd for the sandbox's pid 1, from the JSON bwrap writes to its --info-fd.
 
     Killing that process kills everything in the sandbox's pid namespace; holding a pidfd (not a
@@ -119,9 +139,17 @@ def _init_pidfd(info_r: int) -> int | None:
     finally:
         os.close(info_r)
     try:
-        return os.pidfd_open(int(json.loads(data)["child-pid"]))
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
     except (ValueError, KeyError, OSError):
-        return None  # bwrap failed before starting the sandbox; its exit status says why
+        return None  # bwrap failed to start the sandbox (its exit status says why), or it ended
+    try:
+        if uid is None or os.stat(f"/proc/{pid}").st_uid == uid:
+            return pidfd  # still our sandbox's process, not a reused pid
+    except OSError:
+        pass
+    os.close(pidfd)
+    return None
 
 
 def _kill(proc: _Proc) -> None:
@@ -133,7 +161,7 @@ def _kill(proc: _Proc) -> None:
 
 def _collect(procs: list[_Proc], verdict_fd: int | None, limits: Limits) -> Collected:
     """Drain every pipe until all close, the deadline passes or output exceeds its limit."""
-    deadline = time.monotonic() + limits.timeout_s
+    got = Collected(deadline=time.monotonic() + limits.timeout_s)
     sel = selectors.DefaultSelector()
     for p in procs:
         assert p.popen.stdout is not None and p.popen.stderr is not None
@@ -142,9 +170,8 @@ def _collect(procs: list[_Proc], verdict_fd: int | None, limits: Limits) -> Coll
     verdict = bytearray()
     if verdict_fd is not None:
         sel.register(verdict_fd, selectors.EVENT_READ, verdict)
-    got = Collected()
     while sel.get_map():
-        left = deadline - time.monotonic()
+        left = got.deadline - time.monotonic()
         if left <= 0:
             got.timed_out = True
             break
@@ -165,6 +192,7 @@ def _collect(procs: list[_Proc], verdict_fd: int | None, limits: Limits) -> Coll
 def _end_namespace(proc: _Proc) -> None:
     """Kill the sandbox's pid 1 (so the kernel kills every process left in its namespace) and
     wait until it has exited, so nothing of the sandbox runs once the result is returned."""
+    _watch([proc])
     if proc.init_pidfd is None:
         return
     try:
@@ -176,16 +204,25 @@ def _end_namespace(proc: _Proc) -> None:
     proc.init_pidfd = None
 
 
+def _exited_by(proc: _Proc, deadline: float) -> bool:
+    """Wait (on a pidfd, without polling) until the process exits or the deadline passes."""
+    pidfd = os.pidfd_open(proc.popen.pid)  # our unreaped child: the pid cannot be reused
+    try:
+        ready, _, _ = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(pidfd)
+    return bool(ready)
+
+
 def _finish(procs: list[_Proc], got: Collected, limits: Limits) -> None:
     """Kill what is left, reap every process and free its uid."""
     for p in procs:
         if got.timed_out or got.output_exceeded:
             _kill(p)
-        try:
-            p.popen.wait(timeout=max(1.0, limits.timeout_s))
-        except subprocess.TimeoutExpired:
+        elif not _exited_by(p, got.deadline):
+            got.timed_out = True  # closed its output but kept running past the deadline
             _kill(p)
-            p.popen.wait()
+        p.popen.wait()
         for stream in (p.popen.stdout, p.popen.stderr):
             if stream is not None:
                 stream.close()
@@ -229,6 +266,7 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
         _write(prog_dir, "solution.py", program)
         if tests is None:
             procs.append(_spawn(_child_argv(limits), prog_dir, (), limits, sandboxed))
+            _watch(procs)
             got = _collect(procs, None, limits)
         else:
             _write(tests_dir, "tests.py", tests)
@@ -247,6 +285,7 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
             for fd in (req_r, req_w, resp_r, resp_w, verdict_w):
                 os.close(fd)
             pipes = [verdict_r]
+            _watch(procs)
             got = _collect(procs, verdict_r, limits)
         _finish(procs, got, limits)
         got.exit_codes = [p.popen.returncode for p in procs]
@@ -264,9 +303,14 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_program(program: str, tests: str | None = None, timeout_s: float = 10.0,
-                memory_mb: int = 512, allow_unsandboxed: bool = False,
-                limits: Limits | None = None) -> ExecResult:
+def run_program(
+    program: str,
+    tests: str | None = None,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    allow_unsandboxed: bool = False,
+    limits: Limits | None = None,
+) -> ExecResult:
     """Run ``program`` in the sandbox; with ``tests`` (a file of ``test_*`` functions with plain
     asserts that call the program's definitions by name) ``passed`` means every test passed.
 

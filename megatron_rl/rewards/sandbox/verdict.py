@@ -24,6 +24,7 @@ _TIME_SIGNALS = (signal.SIGXCPU,)
 class Collected:
     """Raw observations of one execution, all gathered by the host."""
 
+    deadline: float = 0.0  # time.monotonic() at which the execution is killed
     timed_out: bool = False  # the wall-time deadline passed
     output_exceeded: bool = False  # stdout + stderr went over the limit
     verdict: bytes = b""  # the judge's verdict stream
@@ -48,7 +49,8 @@ def _signal_of(code: int | None) -> int | None:
 
 
 def _parse_verdict(data: bytes) -> tuple[list[dict], dict | None]:
-    records, done = [], None
+    records: list[dict] = []
+    done = None
     for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
@@ -86,13 +88,18 @@ def _script_status(got: Collected) -> tuple[str, str]:
 def _tests_status(got: Collected, res: ExecResult) -> tuple[str, str]:
     records, done = _parse_verdict(got.verdict)
     res.tests_passed = sum(1 for r in records if r.get("ok") is True)
-    res.failures = [f"{r.get('test')}: {r.get('error')}" for r in records if r.get("ok") is not True]
+    res.failures = [
+        f"{r.get('test')}: {r.get('error')}" for r in records if r.get("ok") is not True
+    ]
     if done is None or got.exit_codes[1] != 0:
         detail = _text(got.judge_stderr)[-500:]
         return "error", f"the judge gave no complete verdict (exit {got.exit_codes[1]}): {detail}"
     res.tests_total = int(done.get("total", 0))
+    if done.get("load_error") and _script_status(got)[0] == "error":
+        return "error", f"the program does not compile: {_text(got.stderr).strip()[-300:]}"
     if done.get("load_error"):
-        return "error", f"program did not load: {done['load_error']}"
+        status = "oom" if "MemoryError" in str(done["load_error"]) else "error"
+        return status, f"program did not load: {done['load_error']}"
     if res.tests_total == 0:
         return "error", "the tests file defines no test_* functions"
     if len(records) == res.tests_total and res.tests_passed == res.tests_total:

@@ -39,13 +39,18 @@ class Channel:
         except EOFError:
             self.gone = True
             raise CandidateGone("the candidate process exited") from None
+        except wire.WireError as e:
+            self.gone = True  # the stream is out of step: no later reply can be trusted
+            raise CandidateGone(f"the candidate broke the protocol: {e}") from None
 
     def call(self, name: str, args: tuple, kwargs: dict) -> object:
         if self.gone:
             raise CandidateGone("the candidate process exited")
         try:
-            wire.send(self.req_fd, {"name": name, "args": wire.encode(args),
-                                    "kwargs": wire.encode(kwargs)})
+            wire.send(
+                self.req_fd,
+                {"name": name, "args": wire.encode(args), "kwargs": wire.encode(kwargs)},
+            )
         except BrokenPipeError:
             self.gone = True
             raise CandidateGone("the candidate process exited") from None
@@ -70,8 +75,8 @@ def candidate_namespace(channel: Channel) -> tuple[dict, str | None]:
     """The program's names as proxies and values, or ({}, why) when it did not load."""
     try:
         hello = channel.recv()
-    except CandidateGone:
-        return {}, "the candidate exited before its definitions loaded"
+    except CandidateGone as e:
+        return {}, f"no definitions received ({e})"
     if "load_error" in hello:
         return {}, str(hello["load_error"])
     names, values = hello.get("names", {}), hello.get("values", {})
@@ -101,8 +106,10 @@ def run_tests(tests_path: str, channel: Channel, verdict_fd: int) -> None:
     with open(tests_path, encoding="utf-8") as f:
         exec(compile(f.read(), "tests.py", "exec"), namespace)
     tests = [
-        (name, fn) for name, fn in namespace.items()
-        if name.startswith("test") and isinstance(fn, types.FunctionType)
+        (name, fn)
+        for name, fn in namespace.items()
+        if name.startswith("test")
+        and isinstance(fn, types.FunctionType)
         and fn.__code__.co_filename == "tests.py"
     ]
     for name, fn in tests:
@@ -114,7 +121,8 @@ def run_tests(tests_path: str, channel: Channel, verdict_fd: int) -> None:
         else:
             try:
                 fn()
-                record["ok"] = True
+                # a test that swallowed CandidateGone (bare except) still does not pass
+                record["ok"] = not channel.gone
             except CandidateGone as e:
                 record["error"] = str(e)
             except Exception as e:

@@ -1,0 +1,158 @@
+"""``megatron-rl submit CONFIG --nodes N [--dry-run]``: render a run's sbatch script, submit it.
+
+The script comes from ``slurm/job.sbatch.j2`` and the ``slurm`` section of the config
+(:class:`megatron_rl.rollout.slurm_config.SlurmConfig`), with ``slurm.*`` dotted overrides and
+``--nodes`` on top. Other overrides are passed on to ``megatron-rl train`` in the script.
+``--dry-run`` prints the script and submits nothing; otherwise it is written to
+``<run_dir>/job.sbatch`` and handed to ``sbatch``. Layouts (colocated on one node,
+disaggregated on several) and the preemption/requeue protocol are described in docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HELP = "render the Slurm sbatch script for a run (--dry-run prints it) and submit it"
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "job.sbatch.j2"
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=None, help="nodes (overrides slurm.nodes)")
+    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _options(parser)
+    parser.add_argument("config", help="run config YAML (its slurm section sets the layout)")
+    # Options may follow CONFIG among the overrides; they are parsed in main().
+    parser.add_argument(
+        "overrides", nargs=argparse.REMAINDER, help="dotted overrides: slurm.* and run config"
+    )
+
+
+def _split_rest(args: argparse.Namespace) -> None:
+    """Parse --nodes/--dry-run given after CONFIG, leaving only overrides in args.overrides."""
+    rest = argparse.ArgumentParser(prog="megatron-rl submit", add_help=False)
+    _options(rest)
+    rest.add_argument("overrides", nargs="*")
+    try:
+        ns = rest.parse_intermixed_args(args.overrides)
+    except SystemExit:
+        raise ValueError(f"could not parse {args.overrides}; see megatron-rl submit -h") from None
+    args.nodes = ns.nodes if ns.nodes is not None else args.nodes
+    args.dry_run = args.dry_run or ns.dry_run
+    args.overrides = ns.overrides
+
+
+def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
+    """(RunConfig, SlurmConfig) from one YAML; the ``slurm`` section may or may not be part of
+    RunConfig yet, so it is split off and built on its own."""
+    from megatron_rl.config import RunConfig, apply_overrides, from_dict, validate
+    from megatron_rl.rollout.slurm_config import SlurmConfig
+
+    path = Path(config)
+    if not path.is_file():
+        raise ValueError(f"config file {config!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {config!r} must hold a mapping at the top level")
+    slurm_data = {"slurm": data.pop("slurm", None) or {}}
+    apply_overrides(slurm_data, [o for o in overrides if o.startswith("slurm.")])
+    apply_overrides(data, [o for o in overrides if not o.startswith("slurm.")])
+    slurm = from_dict(SlurmConfig, slurm_data["slurm"], prefix="slurm")
+    validate(slurm, "slurm")
+    if any(f.name == "slurm" for f in dataclasses.fields(RunConfig)):
+        data["slurm"] = slurm_data["slurm"]
+    cfg = from_dict(RunConfig, data)
+    validate(cfg)
+    return cfg, slurm
+
+
+def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str]) -> str:
+    """The complete sbatch script for ``cfg`` laid out by ``slurm``."""
+    import jinja2
+
+    trainer_nodes, rollout_nodes = slurm.layout()
+    colocated = slurm.nodes == 1
+    run_dir = Path(cfg.output_dir).resolve() / cfg.run_name
+    server_model = slurm.server_model or cfg.model.hf_path
+    if not server_model:
+        raise ValueError(
+            "the rollout servers need an HF model to start from: set model.hf_path or "
+            "slurm.server_model (the trainer pushes its own weights to them at start)"
+        )
+    n_srv = slurm.servers_per_node * slurm.gpus_per_server
+    trainer_gpus = slurm.trainer_gpus()
+    extra = " ".join(shlex.quote(o) for o in train_overrides)
+    train_command = (
+        slurm.train_command
+        or (
+            f'$MRL train "$CONFIG" output_dir={shlex.quote(str(run_dir.parent))} '
+            f'rollout.engine=sglang "rollout.urls=[$ROUTER_URL]" {extra}'
+        ).strip()
+    )
+    if colocated:
+        layout = (
+            f"1 node, colocated: trainer on {trainer_gpus or 'CPU'} GPUs, "
+            f"{slurm.servers_per_node} rollout server(s) x {slurm.gpus_per_server} GPUs + router"
+        )
+    else:
+        layout = (
+            f"{slurm.nodes} nodes, disaggregated: {trainer_nodes} trainer node(s) x "
+            f"{trainer_gpus} GPUs (torchrun), {rollout_nodes} rollout node(s) x "
+            f"{slurm.servers_per_node} server(s) x {slurm.gpus_per_server} GPUs, router on the "
+            "first rollout node"
+        )
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    template = env.from_string(TEMPLATE.read_text())
+    return template.render(
+        s=slurm,
+        run_name=cfg.run_name,
+        job_name=f"mrl-{cfg.run_name}",
+        config=config,
+        config_path=str(Path(config).resolve()),
+        run_dir=str(run_dir),
+        server_model=str(Path(server_model).resolve()),
+        layout=layout,
+        colocated=colocated,
+        trainer_nodes=trainer_nodes,
+        rollout_nodes=rollout_nodes,
+        trainer_gpus=trainer_gpus,
+        torchrun=not colocated or trainer_gpus > 1,
+        server_gpu_list=",".join(str(i) for i in range(trainer_gpus, trainer_gpus + n_srv)),
+        trainer_gpu_list=",".join(str(i) for i in range(trainer_gpus)),
+        train_command=train_command,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    _split_rest(args)
+    overrides = list(args.overrides)
+    if args.nodes is not None:
+        overrides.append(f"slurm.nodes={args.nodes}")
+    cfg, slurm = load_with_slurm(args.config, overrides)
+    train_overrides = [o for o in args.overrides if not o.startswith("slurm.")]
+    script = render_sbatch(cfg, slurm, args.config, train_overrides)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    run_dir = Path(cfg.output_dir).resolve() / cfg.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "job.sbatch"
+    path.write_text(script)
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60
+    )
+    if out.returncode != 0:
+        raise ValueError(f"sbatch rejected {path}: {out.stderr.strip()}")
+    print(f"submitted job {out.stdout.strip().split(';')[0]} ({path})")
+    return 0

@@ -1,0 +1,1 @@
+"""Test fixture: plugins that misbehave (see broken.py and dupe.py)."""

@@ -1,0 +1,207 @@
+"""The RL loop end to end on a random tiny model: learning signal, resume, failure handling.
+
+A JSONL task set with a regex verifier gives a random policy mixed rewards (the pattern matches
+any answer holding a letter a-m), so GRPO advantages are non-zero from the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_rl.config import load_config
+from megatron_rl.model import hf_io
+from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rl")
+    make_tiny_qwen2(d / "model", "test", seed=0)
+    rows = [
+        {
+            "prompt": f"Say something about {w}.",
+            "gold": "a",
+            "verifier": "regex",
+            "pattern": "[\\s\\S]*[a-m][\\s\\S]*",
+        }
+        for w in ["cats", "dogs", "rain", "sun", "tea", "maps", "jazz", "snow"] * 4
+    ]
+    rows = [dict(r, prompt=r["prompt"] + f" #{i}") for i, r in enumerate(rows)]
+    (d / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def overrides(d: Path, run: str, steps: int, *extra: str) -> list[str]:
+    return [
+        f"output_dir={d / 'runs'}",
+        f"run_name={run}",
+        f"model.hf_path={d / 'model'}",
+        f"domains.task_files=[{d / 'tasks.jsonl'}]",
+        "domains.include=['tasks/*']",
+        f"train.steps={steps}",
+        "train.threads=1",
+        "train.lr=0.01",
+        "rl.prompts_per_step=4",
+        "rl.group_size=4",
+        "rl.eval_samples_per_domain=4",
+        "rl.eval_every=0",
+        "rollout.max_new_tokens=8",
+        "tracking.wandb=disabled",
+        "tracking.progress=false",
+        "checkpoint.every=1",
+        *extra,
+    ]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [m for m in metrics(run_dir) if "loss/total" in m or "rollout/samples" in m]
+
+
+def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None:
+    from megatron_rl.train.rl import train_rl
+
+    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "micro", 2))
+    summary = train_rl(cfg)
+    run = setup_dir / "runs" / "micro"
+    assert set(summary) >= {"eval_before", "eval_after", "steps", "wall_s"}
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    rows = train_rows(run)
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["rollout/samples"] == 16 and r["rollout/samples_trained"] == 16
+        for k in ("loss/total", "train/grad_norm", "mismatch/logp_abs_mean", "time/step_s"):
+            assert math.isfinite(r[k]), (k, r[k])
+        # Trainer (Megatron, fp32) and engine (transformers, fp32) compute the same log-probs
+        # with different kernels and summation orders: fp32 rounding gives ~1e-6 per token,
+        # so 1e-3 nats is a wide margin that still catches a wrong temperature, an
+        # off-by-one alignment or stale engine weights (those give errors of 0.1-5 nats).
+        assert r["mismatch/logp_abs_max"] < 1e-3
+    assert rows[0]["train/grad_norm"] > 0
+    before, _ = hf_io.load_hf(setup_dir / "model")
+    after, _ = hf_io.load_hf(run / "checkpoints" / "step_000001" / "hf")
+    changed = sum(not torch.equal(before[k], after[k]) for k in before)
+    assert changed == len(before), f"only {changed}/{len(before)} tensors changed"
+
+
+def _cli(d: Path, run: str, steps: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "launch.cli",
+        "train",
+        str(ROOT / "configs/demo_cpu.yaml"),
+        *overrides(d, run, steps, *extra),
+    ]
+
+
+def test_resume_after_kill_repeats_and_skips_nothing(setup_dir: Path) -> None:
+    run = setup_dir / "runs" / "killed"
+    cmd = _cli(setup_dir, "killed", 5)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run / "checkpoints" / "step_000001").is_dir():
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (run / "checkpoints" / "step_000001").is_dir(), "no checkpoint before the kill"
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [r["step"] for r in train_rows(run)]
+    assert steps == [0, 1, 2, 3, 4], steps
+    assert json.loads((run / "summary.json").read_text())["completed"] is True
+
+
+def test_verifier_errors_nan_loss_and_empty_batches_are_counted(setup_dir, monkeypatch) -> None:
+    from megatron_rl.domains.jsonl import JsonlDomain
+    from megatron_rl.train import rl_step
+    from megatron_rl.train.rl import train_rl
+
+    calls = {"n": 0}
+    real_verify = JsonlDomain.verify
+
+    def flaky_verify(self, task, response):  # every other call raises
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("verifier exploded")
+        return real_verify(self, task, response)
+
+    real_loss = rl_step.rl_loss
+
+    def nan_loss(*a, **k):
+        loss, m = real_loss(*a, **k)
+        return loss * float("nan"), m
+
+    monkeypatch.setattr(JsonlDomain, "verify", flaky_verify)
+    monkeypatch.setattr(rl_step, "rl_loss", nan_loss)
+    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "faulty", 2))
+    train_rl(cfg)
+    rows = train_rows(setup_dir / "runs" / "faulty")
+    assert all(r["rollout/verifier_errors"] > 0 for r in rows)
+    assert all(r["train/nan_loss"] == 1.0 and r["train/skipped_steps"] == 1.0 for r in rows)
+    before, _ = hf_io.load_hf(setup_dir / "model")
+    after, _ = hf_io.load_hf(setup_dir / "runs" / "faulty" / "checkpoints" / "step_000001" / "hf")
+    assert all(torch.equal(before[k], after[k]) for k in before), "NaN step changed weights"
+
+
+def test_all_groups_filtered_gives_empty_batch_event(setup_dir: Path, monkeypatch) -> None:
+    from megatron_rl.train.rl import train_rl
+
+    cfg = load_config(
+        ROOT / "configs/demo_cpu.yaml",
+        overrides(
+            setup_dir,
+            "empty",
+            1,
+            "scheduler.filter_zero_variance=true",
+            "rollout.max_new_tokens=1",
+            "rl.group_size=1",
+        ),
+    )
+    train_rl(cfg)
+    run = setup_dir / "runs" / "empty"
+    rows = train_rows(run)
+    assert rows[0]["rollout/groups_filtered"] == 4 and rows[0]["rollout/samples_trained"] == 0
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "empty_batch" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("model.hf_path={bad}", "config.json"),
+        ("rollout.engine=nosuch", "nosuch"),
+    ],
+)
+def test_bad_model_or_engine_is_one_clear_line(setup_dir: Path, extra: str, needle: str) -> None:
+    bad = setup_dir / "not_a_model"
+    bad.mkdir(exist_ok=True)
+    cmd = _cli(setup_dir, "bad", 1, extra.format(bad=bad))
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "megatron-rl train: error:" in last and needle in last, out.stderr[-1500:]
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,108 @@
+"""Reward-hacking monitor on synthetic reward / eval / answer streams."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import pytest
+
+from megatron_rl.rewards.config import RewardsConfig
+from megatron_rl.rewards.monitor import RewardHackingMonitor
+
+WINDOW = 5
+
+
+def feed(monitor, domain, means, evals=None, seed=0):
+    """Feed one step per mean reward (8 samples around it, distinct answers per task);
+    ``evals`` maps step -> eval accuracy. Returns the metrics of every step."""
+    rng = random.Random(seed)
+    out = []
+    for step, mean in enumerate(means):
+        if evals and step in evals:
+            monitor.observe_eval(step, domain, evals[step])
+        rewards = [min(1.0, max(0.0, mean + rng.uniform(-0.05, 0.05))) for _ in range(8)]
+        answers = [f"answer for task {step}-{i} with enough text" for i in range(8)]
+        out.append(
+            monitor.observe(step, domain, rewards, answers, [f"{step}-{i}" for i in range(8)])
+        )
+    return out
+
+
+def test_steady_rewards_raise_nothing():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    metrics = feed(monitor, "code", [0.4] * 30)
+    assert all(m["monitor/code/reward_jump_warning"] == 0.0 for m in metrics)
+    assert abs(metrics[-1]["monitor/code/reward_jump"]) < 0.05
+    assert list(monitor.samples) == []
+
+
+def test_jump_without_eval_rise_warns_once_with_a_sample(caplog):
+    monitor = RewardHackingMonitor(window=WINDOW)
+    evals = {0: 0.3, 10: 0.3, 15: 0.31, 19: 0.3}
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.rewards.monitor"):
+        metrics = feed(monitor, "code", [0.2] * 10 + [0.9] * 10, evals)
+    warned = [i for i, m in enumerate(metrics) if m["monitor/code/reward_jump_warning"] == 1.0]
+    assert warned and warned[0] >= 10
+    jump_at_first = metrics[warned[0]]["monitor/code/reward_jump"]
+    assert jump_at_first >= 0.25
+    assert len(monitor.samples) == 1  # logged when the warning turns on, not every step
+    sample = monitor.samples[0]
+    assert (sample["domain"], sample["kind"], sample["step"]) == ("code", "reward_jump", warned[0])
+    assert len(sample["examples"]) == 5 and "possible reward hacking in code" in caplog.text
+
+
+def test_jump_matched_by_eval_rise_is_not_flagged():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    evals = {s: 0.2 if s < 10 else 0.85 for s in range(0, 20, 2)}
+    metrics = feed(monitor, "math", [0.2] * 10 + [0.9] * 10, evals)
+    assert all(m["monitor/math/reward_jump_warning"] == 0.0 for m in metrics)
+    assert metrics[12]["monitor/math/eval_delta"] == pytest.approx(0.65)
+
+
+def test_jump_without_any_eval_is_flagged():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    metrics = feed(monitor, "code", [0.1] * 10 + [0.8] * 10)
+    assert [m["monitor/code/reward_jump_warning"] for m in metrics[10:15]] == [0.0] + [1.0] * 4
+    assert math.isnan(metrics[12]["monitor/code/eval_delta"])
+    # once both windows hold the new level, the rise is no longer a jump
+    assert metrics[-1]["monitor/code/reward_jump_warning"] == 0.0
+
+
+def test_domains_are_tracked_separately():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    feed(monitor, "code", [0.1] * 10 + [0.8] * 10)
+    metrics = feed(monitor, "math", [0.5] * 20)
+    assert metrics[-1]["monitor/math/reward_jump_warning"] == 0.0
+
+
+def test_identical_answer_across_tasks_is_flagged():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    hack = "import sys; sys.exit(0)  # always passes"
+    answers = [hack] * 5 + [f"a real, different solution number {i}" for i in range(3)]
+    tasks = [f"t{i}" for i in range(8)]
+    metrics = monitor.observe(3, "code", [1.0] * 5 + [0.0] * 3, answers, tasks)
+    assert metrics["monitor/code/answer_cluster_warning"] == 1.0
+    assert metrics["monitor/code/answer_cluster_frac"] == pytest.approx(5 / 8)
+    sample = monitor.samples[-1]
+    assert sample["kind"] == "answer_cluster"
+    assert [e["answer"] for e in sample["examples"]] == [hack] * 5
+
+
+def test_identical_answers_within_one_task_or_short_are_normal():
+    monitor = RewardHackingMonitor(window=WINDOW)
+    same_task = monitor.observe(0, "code", [1.0] * 8, ["def f(): return the same thing"] * 8,
+                                ["t0"] * 4 + ["t1"] * 4)  # fmt: skip
+    assert same_task["monitor/code/answer_cluster_warning"] == 0.0
+    short = monitor.observe(1, "math", [1.0] * 8, ["42"] * 8, [f"t{i}" for i in range(8)])
+    assert short["monitor/math/answer_cluster_warning"] == 0.0
+    assert list(monitor.samples) == []
+
+
+def test_bad_input_and_config():
+    monitor = RewardHackingMonitor.from_config(RewardsConfig())
+    with pytest.raises(ValueError, match="equal lengths"):
+        monitor.observe(0, "code", [1.0], ["a", "b"], ["t"])
+    with pytest.raises(ValueError, match="window"):
+        RewardHackingMonitor(window=0)

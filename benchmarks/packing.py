@@ -15,7 +15,8 @@ On CPU attention is computed densely under the mask, so a packed row pays attent
 budget (T^2) while real THD kernels (TE on GPU) pay only per sequence; the measured gain here is
 therefore a lower bound of the GPU one.
 
-    .venv/bin/python benchmarks/packing.py [--seqs 96] [--budget 2048] [--batch 8] [--threads 2]
+    .venv/bin/python benchmarks/packing.py [--seqs 96] [--budget 2048] [--batch 8] [--max-len 2048]
+        [--threads 2]
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> int:
     ap.add_argument("--seqs", type=int, default=96, help="sequences in the batch")
     ap.add_argument("--budget", type=int, default=2048, help="packed micro-batch budget, tokens")
     ap.add_argument("--batch", type=int, default=8, help="sequences per padded micro-batch")
+    ap.add_argument("--max-len", type=int, default=2048, help="longest sequence, tokens")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -85,7 +87,7 @@ def main() -> int:
     cfg = ModelConfig()
     init_distributed(ParallelConfig(), seed=args.seed, model=cfg)
     model = build_gpt_model(cfg, pre_process=True, post_process=True)
-    lengths = long_tail_lengths(args.seqs, args.seed, cap=args.budget)
+    lengths = long_tail_lengths(args.seqs, args.seed, cap=args.max_len)
     rng = random.Random(args.seed)
     seqs = [[rng.randrange(cfg.vocab_size) for _ in range(n)] for n in lengths]
     real = sum(lengths)

@@ -1,9 +1,9 @@
 """Scoring throughput: answers/s of the serial verifier path vs the process pool, one run.
 
 Builds ``--answers`` (task, response) pairs spread over every registered domain: per domain a
-few tasks at its easiest level, each answered four ways (gold, gold in ``<answer>`` tags, a
-wrong answer, an empty one), so every verifier runs on both its pass and its fail path. Then
-scores the same pairs twice:
+two tasks at its easiest level, each answered a dozen ways (gold bare, tagged, with
+reasoning; wrong, empty, unicode noise, 5 kB of junk), so every verifier runs on both its pass
+and its fail path. Then scores the same pairs twice:
 
 - serial: ``VerifierPool(0)``, ``Domain.verify`` inline in this process;
 - pooled: ``VerifierPool(--workers)`` worker processes (started and warmed before timing;
@@ -30,19 +30,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_rl.domains import Task, VerifyResult, load_domains  # noqa: E402
 from megatron_rl.domains.pool import VerifierPool  # noqa: E402
 
-WRONG = "zzq wrong answer"
+TASKS_PER_DOMAIN = 2  # task generation is slow for some generators; answers vary instead
+
+
+def answers_for(t: Task, multi_turn: bool) -> list[str]:
+    """Twelve responses: five that should pass, seven that should fail (wrong, empty, noise)."""
+    gold = t.meta["gold_actions"][-1] if multi_turn else t.gold
+    return [
+        gold,
+        f"<answer>{t.gold}</answer>",
+        f"I worked it out.\n<answer>{t.gold}</answer>",
+        f"  {gold}  ",
+        f"<answer>wrong</answer> then <answer>{t.gold}</answer>",
+        "zzq wrong answer",
+        "",
+        "<answer></answer>",
+        "I am not sure.",
+        "\u4e00\u4e8c\u4e09 \U0001f600",
+        "x" * 5000,
+        f"<answer>{t.gold[::-1]}#</answer>",
+    ]
 
 
 def build_pairs(n_answers: int) -> list[tuple[Task, str]]:
-    """``n_answers`` pairs, round-robin over domains, 4 answers per task."""
+    """``n_answers`` pairs, round-robin over domains (``TASKS_PER_DOMAIN`` tasks each)."""
     domains = load_domains()
-    per_domain = -(-n_answers // (4 * len(domains)))  # tasks per domain, rounded up
-    pairs: list[tuple[Task, str]] = []
-    for i in range(per_domain):
-        for d in domains.values():
+    per_task = -(-n_answers // (TASKS_PER_DOMAIN * len(domains)))
+    rows: list[list[tuple[Task, str]]] = []
+    for d in domains.values():
+        for i in range(TASKS_PER_DOMAIN):
             t = d.task("train", i, seed=0)
-            gold = t.meta["gold_actions"][-1] if d.multi_turn else t.gold
-            pairs += [(t, gold), (t, f"<answer>{t.gold}</answer>"), (t, WRONG), (t, "")]
+            answers = answers_for(t, d.multi_turn)
+            rows.append([(t, answers[k % len(answers)]) for k in range(per_task)])
+    pairs = [row[k] for k in range(per_task) for row in rows]  # interleave domains
     return pairs[:n_answers]
 
 
@@ -95,7 +115,7 @@ def main() -> int:
         f"verdicts agree on {agree}/{len(pairs)}"
     )
     print(
-        "serial seconds by family (second pass): "
+        "serial verify seconds by family: "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(fam.items(), key=lambda kv: -kv[1]))
     )
     if args.json:

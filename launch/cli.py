@@ -25,7 +25,8 @@ def _command_modules() -> dict[str, str]:
     return dict(sorted(names.items()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only`` set, just that subcommand's module is imported (fast start)."""
     parser = argparse.ArgumentParser(
         prog="megatron-rl",
         description="RL post-training with verifiable rewards on Megatron-core.",
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in _command_modules().items():
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -40,8 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (first non-option word), if it is a known one."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[0] if words and words[0] in _command_modules() else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

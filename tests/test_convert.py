@@ -8,6 +8,7 @@ real CLI (``launch.cli.main`` in-process; one bad-input case and the TP=2 logits
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -198,6 +199,11 @@ def test_unexpected_megatron_tensor_is_named(hf_dirs):
     shards[(0, 0)]["decoder.layers.0.self_attention.linear_qkv.bias"] = torch.zeros(128)
     with pytest.raises(ValueError, match="linear_qkv.bias"):
         convert.megatron_to_hf(shards, cfg)
+    del shards[(0, 0)]["decoder.layers.0.self_attention.linear_qkv.bias"]
+    wider = dataclasses.replace(cfg, ffn_hidden_size=256)  # shards hold ffn 128
+    with pytest.raises(ValueError, match=r"linear_fc1.weight' has shape \(256, 64\), the config "
+                       r"implies \(512, 64\)"):  # fmt: skip
+        convert.megatron_to_hf(shards, wider)
 
 
 # ----------------------------------------------------------------------------------------------

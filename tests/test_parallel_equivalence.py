@@ -1,17 +1,20 @@
 """TP=2 and PP=2 (two CPU processes over gloo, launched with torchrun) match TP=1 / PP=1.
 
-Each layout runs tests/dist/policy_equivalence.py from the same seeded HF-layout weights and
-saves logits, packed log-probs/entropies, per-micro-batch losses, the grad norm of one optimizer
-step, and logits + HF weights after that step. Before the step everything must agree within 1e-5
+One two-process torchrun launch runs tests/dist/policy_equivalence.py, which goes through the
+layouts TP=1/PP=1 (so DP=2), TP=2 and PP=2, all from the same seeded HF-layout weights. Each saves
+logits, packed log-probs/entropies, per-micro-batch losses, the grad norm of one optimizer step,
+and logits + HF weights after that step. Before the step everything must agree within 1e-5
 absolute. After the step, logits are compared within 1e-5 relative to their magnitude: Adam
 turns fp32 rounding differences in the grads (different reduction orders across TP ranks) into
-parameter differences of ~1e-7, which larger logits amplify.
+parameter differences of ~1e-7, which larger logits amplify. The DP=2 reference is checked
+against the same run in this (single) process.
 
 Also here: impossible layouts give one clear ValueError line (pure checks, no processes).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -27,33 +30,27 @@ from megatron_rl.model.parallel import validate_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist" / "policy_equivalence.py"
-LAYOUTS = {"ref": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}  # nproc, tp, pp
+LAYOUTS = ("ref", "tp2", "pp2")
 
 
-def run_layout(name: str, out_dir: Path) -> dict:
-    nproc, tp, pp = LAYOUTS[name]
-    out = out_dir / f"{name}.pt"
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """One torchrun launch of two processes runs every layout (see the worker's docstring)."""
+    out_dir = tmp_path_factory.mktemp("equivalence")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    args = ["--tp", str(tp), "--pp", str(pp), "--out", str(out)]
-    cmd = [*launcher, "--nproc_per_node", str(nproc), str(WORKER), *args]
+    cmd = [*launcher, "--nproc_per_node", "2", str(WORKER), "--out-dir", str(out_dir)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     # Own session, so a hang is cleaned up whole (torchrun's workers included) on timeout.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
-        _, stderr = proc.communicate(timeout=240)
+        _, stderr = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail(f"{name}: torchrun did not finish within 240 s")
-    assert proc.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
-    return torch.load(out, weights_only=False)
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out_dir = tmp_path_factory.mktemp("equivalence")
-    return {name: run_layout(name, out_dir) for name in LAYOUTS}
+        pytest.fail("torchrun did not finish within 300 s")
+    assert proc.returncode == 0, f"torchrun failed:\n{stderr[-3000:]}"
+    return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in LAYOUTS}
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -76,6 +73,26 @@ def test_parallel_matches_single_process(results: dict[str, dict], layout: str) 
     assert max_diff(ref["logits_after"], par["logits_after"]) < 1e-5 * max(1.0, scale)
     for name, w in ref["hf_after"].items():
         assert max_diff(w, par["hf_after"][name]) < 1e-5, name
+
+
+def test_two_process_reference_equals_single_process(results: dict[str, dict]) -> None:
+    """The reference layout (TP=1, PP=1, DP=2 on identical data) is exactly one process's run."""
+    from megatron_rl.model.parallel import destroy_distributed
+
+    spec = importlib.util.spec_from_file_location("policy_equivalence", WORKER)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    try:
+        single = worker.run_layout(1, 1)  # world of one process, torch.distributed in this one
+    finally:
+        destroy_distributed()
+    ref = results["ref"]
+    assert ref["dp"] == 2 and single["dp"] == 1
+    assert max_diff(single["logits_before"], ref["logits_before"]) < 1e-5
+    scale = float(ref["logits_after"].abs().max())
+    assert max_diff(single["logits_after"], ref["logits_after"]) < 1e-5 * max(1.0, scale)
+    assert single["step"]["grad_norm"] == pytest.approx(ref["step"]["grad_norm"], rel=1e-5)
 
 
 def test_step_changed_the_model(results: dict[str, dict]) -> None:

@@ -205,3 +205,17 @@ def test_bad_model_or_engine_is_one_clear_line(setup_dir: Path, extra: str, need
     last = out.stderr.strip().splitlines()[-1]
     assert "megatron-rl train: error:" in last and needle in last, out.stderr[-1500:]
     assert "Traceback" not in out.stderr
+
+
+def test_off_policy_overlaps_with_staleness_one(setup_dir: Path) -> None:
+    from megatron_rl.train.rl import train_rl
+
+    cfg = load_config(
+        ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "offpol", 3, "rl.off_policy=true")
+    )
+    train_rl(cfg)
+    rows = train_rows(setup_dir / "runs" / "offpol")
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1]
+    assert all(r["rollout/samples_trained"] == 16 for r in rows)
+    # samples one version old: the mismatch now includes the policy change, and is logged
+    assert rows[1]["mismatch/logp_abs_mean"] > rows[0]["mismatch/logp_abs_mean"]

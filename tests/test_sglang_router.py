@@ -48,13 +48,18 @@ def test_killing_a_server_mid_step_loses_and_duplicates_nothing(tmp_path: Path) 
         try:
             client.update_weights_from_disk(str(model_b))  # weights "1" on both servers
             reqs = [
-                GenRequest([7 + i, 40, 41], SamplingParams(max_tokens=24, n=4, seed=10 + i))
+                GenRequest([7 + i, 40, 41], SamplingParams(max_tokens=12, n=4, seed=10 + i))
                 for i in range(6)
             ]
             result: list = []
             worker = threading.Thread(target=lambda: result.append(client.generate(reqs)))
             worker.start()
-            time.sleep(1.0)  # let requests reach both servers
+            # Kill server 0 once it has answered a request: with 24 samples and at most 8 in
+            # flight, requests are then still running or queued for it.
+            url0 = fleet.servers[0].url
+            while _get(f"{url0}/get_server_info")["stats"]["requests"] < 1:
+                assert worker.is_alive(), "the step finished before the kill"
+                time.sleep(0.05)
             killed = fleet.kill_server(0, signal.SIGKILL)
             worker.join(timeout=300)
             assert not worker.is_alive()

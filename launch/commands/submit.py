@@ -89,7 +89,7 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
             "the rollout servers need an HF model to start from: set model.hf_path or "
             "slurm.server_model (the trainer pushes its own weights to them at start)"
         )
-    n_srv = slurm.servers_per_node * slurm.gpus_per_server
+    n_srv = slurm.servers() * slurm.gpus_per_server
     trainer_gpus = slurm.trainer_gpus()
     extra = " ".join(shlex.quote(o) for o in train_overrides)
     train_command = (
@@ -102,13 +102,13 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
     if colocated:
         layout = (
             f"1 node, colocated: trainer on {trainer_gpus or 'CPU'} GPUs, "
-            f"{slurm.servers_per_node} rollout server(s) x {slurm.gpus_per_server} GPUs + router"
+            f"{slurm.servers()} rollout server(s) x {slurm.gpus_per_server} GPUs + router"
         )
     else:
         layout = (
             f"{slurm.nodes} nodes, disaggregated: {trainer_nodes} trainer node(s) x "
             f"{trainer_gpus} GPUs (torchrun), {rollout_nodes} rollout node(s) x "
-            f"{slurm.servers_per_node} server(s) x {slurm.gpus_per_server} GPUs, router on the "
+            f"{slurm.servers()} server(s) x {slurm.gpus_per_server} GPUs, router on the "
             "first rollout node"
         )
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -131,6 +131,7 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         server_gpu_list=",".join(str(i) for i in range(trainer_gpus, trainer_gpus + n_srv)),
         trainer_gpu_list=",".join(str(i) for i in range(trainer_gpus)),
         train_command=train_command,
+        servers=slurm.servers(),
     )
 
 

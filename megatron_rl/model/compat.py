@@ -36,6 +36,10 @@ Not covered (GPU-only features): sequence parallelism (needs Apex/TE), context p
 TE), CUDA graphs, fp16/bf16 mixed-precision optimizers (their ``'torch.cuda.HalfTensor'`` type
 checks), communication overlap streams, tied embeddings with PP > 1 (``weight.data.cuda()``).
 
+Versions: checked on CPU with megatron-core 0.16.1 (Python 3.11, the normal install) and 0.19.2
+(installed with ``--ignore-requires-python``): the compat, policy and TP/PP equivalence tests pass
+on both.
+
 Staleness: every patch names its target; :func:`check_targets` verifies each target module and
 attribute still exists and, for the replaced functions, that the signature still has the
 parameters we rely on. ``tests/test_compat.py`` runs it and fails loudly after an upgrade. The

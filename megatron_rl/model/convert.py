@@ -174,10 +174,31 @@ def hf_to_megatron(
 # Megatron -> HF
 
 
+def megatron_shard_shapes(cfg: ModelConfig, tp: int, pp: int, pp_rank: int) -> dict[str, tuple]:
+    """Name -> shape of every tensor of one TP rank of stage ``pp_rank`` (both spec namings).
+
+    Computed by converting ``meta``-device tensors, so it costs no memory and cannot disagree
+    with :func:`hf_to_megatron_rank`.
+    """
+    meta = {n: torch.empty(s, device="meta") for n, s in hf_param_shapes(cfg).items()}
+    shapes: dict[str, tuple] = {}
+    for spec in SPECS:
+        shard = hf_to_megatron_rank(meta, cfg, tp, 0, pp, pp_rank, spec)  # type: ignore[arg-type]
+        shapes.update({n: tuple(t.shape) for n, t in shard.items()})
+    return shapes
+
+
 class _Shards:
     """Reads named tensors from one PP stage's TP shards and records what was consumed."""
 
-    def __init__(self, shards: dict[tuple[int, int], dict[str, Tensor]], tp: int, pp_rank: int):
+    def __init__(
+        self,
+        shards: dict[tuple[int, int], dict[str, Tensor]],
+        cfg: ModelConfig,
+        tp: int,
+        pp: int,
+        pp_rank: int,
+    ):
         missing = [t for t in range(tp) if (t, pp_rank) not in shards]
         if missing:
             raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank): "
@@ -185,6 +206,7 @@ class _Shards:
         self.ranks = [shards[(t, pp_rank)] for t in range(tp)]
         self.pp_rank = pp_rank
         self.used: set[str] = set()
+        self.shapes = megatron_shard_shapes(cfg, tp, pp, pp_rank)
 
     def has(self, name: str) -> bool:
         return name in self.ranks[0]
@@ -197,6 +219,12 @@ class _Shards:
             raise ValueError(
                 f"Megatron shard of pipeline stage {self.pp_rank} has no tensor {name!r}"
             ) from None
+        for tp_rank, t in enumerate(parts):
+            if tuple(t.shape) != self.shapes[name]:
+                raise ValueError(
+                    f"Megatron shard (tp_rank={tp_rank}, pp_rank={self.pp_rank}): tensor {name!r} "
+                    f"has shape {tuple(t.shape)}, the config implies {self.shapes[name]}"
+                )
         self.used.add(name)
         return parts
 
@@ -262,7 +290,7 @@ def megatron_to_hf(
     check_layout(cfg, tp, pp)
     out: dict[str, Tensor] = {}
     for p in range(pp):
-        st = _Shards(shards, tp, p)
+        st = _Shards(shards, cfg, tp, pp, p)
         if p == 0:
             out["model.embed_tokens.weight"] = _cat(st.get(_EMB), 0)
         for local, i in enumerate(stage_layers(cfg, pp, p)):

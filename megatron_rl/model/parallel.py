@@ -16,7 +16,6 @@ surfaces as a traceback from inside megatron-core. Data parallelism takes whatev
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -97,19 +96,13 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
         )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _init_process_group(backend: str) -> None:
     if dist.is_initialized():
         return
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend, rank=0, world_size=1)
+        # A single process needs no rendezvous: an in-memory store avoids picking a TCP port
+        # (a free port can be taken by another process between the check and the bind).
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     else:
         dist.init_process_group(backend)
 

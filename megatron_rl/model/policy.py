@@ -47,6 +47,7 @@ from megatron_rl.model.gpt import (
     vocab_parallel_logprobs,
 )
 from megatron_rl.model.parallel import DistInfo, validate_layout
+from megatron_rl.train.config import TrainConfig
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
 
@@ -55,7 +56,7 @@ class Policy:
     """The policy model chunk on this rank, with optional optimizer; see the module docstring."""
 
     def __init__(
-        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: Any | None = None
+        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: TrainConfig | None = None
     ) -> None:
         self.cfg = model_cfg
         self.dist = dist_info
@@ -78,7 +79,7 @@ class Policy:
 
     # ------------------------------------------------------------------ construction
 
-    def _build_training(self, train_cfg: Any) -> None:
+    def _build_training(self, train_cfg: TrainConfig) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 

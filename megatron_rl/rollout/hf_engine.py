@@ -193,7 +193,9 @@ class HFEngine(RolloutEngine):
             attn[g, width - len(p) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
         return out.logits[:, -1].float(), out.past_key_values, attn, pos[:, -1]
 
     def _sample_step(self, logits: Tensor, rows: list[_Row], gens: list[torch.Generator]) -> Tensor:

@@ -172,21 +172,27 @@ class SGLangClient:
                     groups_done += remaining[i] == 0
         finally:
             if pending:
-                await self.abort(pending, call_id)
+                rids = [f"{call_id}-{tasks[t][0]}-{tasks[t][1]}" for t in pending]
+                await self.abort(pending, rids)
         abort = Completion(token_ids=[], text="", logprobs=[], finish_reason="abort")
         return [[c if c is not None else abort for c in group] for group in slots]
 
-    async def abort(self, pending: set[asyncio.Task[Completion]], call_id: str) -> None:
-        """Cancel local tasks and tell every server to drop what it still runs for us."""
+    async def abort(self, pending: set[asyncio.Task[Completion]], rids: list[str]) -> None:
+        """Cancel local tasks and ask every server to drop these request ids (``AbortReq``
+        carries one rid; sglang-router 0.3.2 does not forward /abort_request, so we fan out)."""
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.metrics["aborted"] += len(pending)
-        for url in await self.worker_urls():
+
+        async def one(url: str, rid: str) -> None:
             try:
-                await self._post(f"{url}/abort_request", {"abort_all": True})
+                await self._post(f"{url}/abort_request", {"rid": rid})
             except (RetryableError, ValueError) as e:
-                log.warning("abort on %s failed (%s); its late results are discarded", url, e)
+                log.warning("abort of %s on %s failed (%s); late results are dropped", rid, url, e)
+
+        urls = await self.worker_urls()
+        await asyncio.gather(*(one(u, r) for u in urls for r in rids))
 
     # ---- workers and weights --------------------------------------------------------------
     async def worker_urls(self) -> list[str]:

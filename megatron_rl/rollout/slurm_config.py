@@ -3,9 +3,9 @@
 Two layouts, one script (``slurm/job.sbatch.j2``, rendered by ``megatron-rl submit``):
 
 * ``nodes == 1``: colocated. Rollout servers and the trainer share the node; the servers take
-  the last ``servers_per_node * gpus_per_server`` GPUs, the trainer the rest.
+  the last ``servers * gpus_per_server`` GPUs, the trainer the rest.
 * ``nodes > 1``: disaggregated. The first ``nodes - rollout_nodes`` nodes train (Megatron through
-  ``srun`` + ``torchrun``), the last ``rollout_nodes`` run ``servers_per_node`` rollout servers
+  ``srun`` + ``torchrun``), the last ``rollout_nodes`` run ``servers()`` rollout servers
   each; the router runs on the first rollout node. All are job steps of one allocation.
 
 Site-specific knobs (partition, account, container image, network interface...) are documented
@@ -26,7 +26,7 @@ class SlurmConfig:
     nodes: int = 1  # nodes in the allocation (--nodes on the command line overrides)
     rollout_nodes: int = 0  # nodes running rollout servers when nodes > 1 (0: half, rounded up)
     gpus_per_node: int = 8  # GPUs per node requested (--gpus-per-node); 0 on CPU clusters
-    servers_per_node: int = 1  # rollout servers per rollout node (colocated: on the node)
+    servers_per_node: int = 0  # rollout servers per rollout node (0: fill it; colocated: half)
     gpus_per_server: int = 1  # GPUs per rollout server (its tensor-parallel size); 0 on CPU
     server_engine: Literal["sglang", "vllm", "hf"] = "sglang"  # sglang on GPUs, else embedded
     server_model: str = ""  # HF model the servers start from ('' -> model.hf_path)
@@ -55,10 +55,20 @@ class SlurmConfig:
         rollout = self.rollout_nodes or (self.nodes + 1) // 2
         return self.nodes - rollout, rollout
 
+    def servers(self) -> int:
+        """Rollout servers per rollout node: ``servers_per_node``, or by default as many as
+        fit (disaggregated) or half the node's GPUs (colocated); 1 on CPU nodes."""
+        if self.servers_per_node:
+            return self.servers_per_node
+        if not self.gpus_per_server or not self.gpus_per_node:
+            return 1
+        gpus = self.gpus_per_node // 2 if self.nodes == 1 else self.gpus_per_node
+        return max(1, gpus // self.gpus_per_server)
+
     def trainer_gpus(self) -> int:
         """GPUs per trainer node (what is left beside the servers when colocated)."""
         if self.nodes == 1:
-            return self.gpus_per_node - self.servers_per_node * self.gpus_per_server
+            return self.gpus_per_node - self.servers() * self.gpus_per_server
         return self.gpus_per_node
 
     def validate(self) -> None:
@@ -69,15 +79,19 @@ class SlurmConfig:
                 f"slurm.rollout_nodes={self.rollout_nodes} must leave at least one of the "
                 f"{self.nodes} nodes to the trainer (0 picks half)"
             )
-        if self.servers_per_node < 1:
-            raise ValueError(f"slurm.servers_per_node must be >= 1, got {self.servers_per_node}")
-        for key in ("gpus_per_node", "gpus_per_server", "cpus_per_node", "signal_before_end_s"):
+        for key in (
+            "servers_per_node",
+            "gpus_per_node",
+            "gpus_per_server",
+            "cpus_per_node",
+            "signal_before_end_s",
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(f"slurm.{key} must be >= 0, got {getattr(self, key)}")
-        need = self.servers_per_node * self.gpus_per_server
+        need = self.servers() * self.gpus_per_server
         if need > self.gpus_per_node:
             raise ValueError(
-                f"slurm: {self.servers_per_node} servers x {self.gpus_per_server} GPUs = {need} "
+                f"slurm: {self.servers()} servers x {self.gpus_per_server} GPUs = {need} "
                 f"GPUs per node, more than slurm.gpus_per_node={self.gpus_per_node}"
             )
         if self.nodes == 1 and self.gpus_per_node and self.trainer_gpus() < 1:

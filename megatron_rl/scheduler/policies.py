@@ -3,9 +3,9 @@
 A policy turns per-domain statistics into non-negative scores [n_domains]; the scheduler then
 multiplies in the seesaw boost and the lag boost (domains below the median eval), normalises,
 mixes in the floor share (``w = floor + (1 - n * floor) * s / sum(s)``) and allocates integer
-group counts with
-systematic sampling (:func:`allocate`): every domain gets ``floor(w * N)`` or ``ceil(w * N)``
-groups, so over steps it receives exactly its share in expectation with the least variance.
+group counts with systematic sampling (:func:`allocate`): every domain gets ``floor(w * N)`` or
+``ceil(w * N)`` groups, so over steps it receives exactly its share in expectation with the
+least variance.
 
 Policies (one registry, :data:`POLICIES`):
 

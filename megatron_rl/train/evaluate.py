@@ -48,13 +48,15 @@ def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | Non
         return None
 
 
-def eval_level(domain: Domain, fixed: int | None, levels: dict[str, int] | None = None) -> int:
-    """The difficulty evaluated: a fixed level, the scheduler's current one, or the easiest."""
+def eval_level(domain: Domain, fixed: int | None, index: int) -> int:
+    """Level of the ``index``-th eval task: a fixed level, else stratified over all levels.
+
+    The eval set is the same at every sweep (it never follows the curriculum), so sweeps are
+    comparable and a promotion is not mistaken for a regression by the seesaw guard.
+    """
     if fixed is not None:
         return fixed if fixed in domain.levels else domain.levels[0]
-    if levels and domain.name in levels:
-        return levels[domain.name]
-    return domain.levels[0]
+    return domain.levels[index % len(domain.levels)]
 
 
 def evaluate(
@@ -65,15 +67,13 @@ def evaluate(
     seed: int,
     max_tokens: int,
     level: int | None = None,
-    levels: dict[str, int] | None = None,
 ) -> EvalResult:
     """Greedy-decode ``n_per_domain`` held-out tasks per domain and score them."""
     tasks, requests = [], []
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, n=1, seed=seed)
     for name, d in domains.items():
-        lv = eval_level(d, level, levels)
         for i in range(n_per_domain):
-            task = d.task("eval", i, lv, seed)
+            task = d.task("eval", i, eval_level(d, level, i), seed)
             tasks.append(task)
             requests.append(GenRequest(prompt_ids(tokenizer, task.prompt), params, tag=name))
     outputs = engine.generate(requests)

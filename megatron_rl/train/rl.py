@@ -23,7 +23,7 @@ from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
 from megatron_rl.train.rl_step import build_batches, train_step
-from megatron_rl.train.rollout_phase import generate, make_tasks, rollout_metrics, score
+from megatron_rl.train.rollout_phase import RolloutProducer, rollout_metrics
 from megatron_rl.train.runtime import save_checkpoint, setup_run
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     )
     wall0 = time.time() - state.get("wall_s", 0.0)
     stop = report.PreemptionFlag()
+    producer = RolloutProducer(engine, rt.tokenizer, domains, sched, cursor, cfg)
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),
         desc="rl",
@@ -61,24 +62,10 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     )
     for step in bar:
         t = report.Timer()
-        # 1. sample tasks from the domain mix (per-domain level and temperature)
-        specs = sched.plan(step, cfg.rl.prompts_per_step)
-        tasks = make_tasks(specs, domains, cursor, cfg.seed)
-        # 2. generate n completions per task
-        with t("generate"):
-            groups = generate(
-                engine,
-                rt.tokenizer,
-                domains,
-                specs,
-                tasks,
-                cfg.rl.group_size,
-                cfg.rollout.max_new_tokens,
-                cfg.rollout.top_p,
-            )
-        # 3. score with each domain's verifier
-        with t("score"):
-            score(groups, domains, cfg.rewards.truncated_reward)
+        # 1. sample tasks from the domain mix, 2. generate n completions per task,
+        # 3. score them with each domain's verifier (one step ahead in off-policy mode)
+        groups, timing = producer.get(step)
+        t.spent.update(generate=timing["generate"], score=timing["score"])
         metrics = report.monitor_step(rt, monitor, step, groups)
         results = [g.result() for g in groups]
         events = sched.observe(step, results)
@@ -90,6 +77,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
             groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens
         )
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
+        metrics["rollout/staleness"] = timing["staleness"]
         with t("train"):
             if batches:
                 ref_lp = report.reference_logprobs(ref, batches)
@@ -99,7 +87,9 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 6. sync weights trainer -> engine
         if (step + 1) % cfg.rollout.sync_every == 0:
             with t("sync"):
+                producer.wait()
                 metrics.update(sync_weights(engine, rt.policy.hf_state_dict()))
+                producer.synced()
         # 7. evaluate held-out tasks, then checkpoint
         if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
             with t("eval"):
@@ -131,7 +121,9 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
             )
         if stop.requested:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
+            producer.close()
             return report.finish(rt, engine, {"completed": False, "preempted_at": step})
+    producer.close()
     eval_after = report.run_eval(rt, engine, domains, sched, cfg.train.steps, monitor)
     summary = report.summarize(rt, eval_before, eval_after, time.time() - wall0)
     return report.finish(rt, engine, summary)

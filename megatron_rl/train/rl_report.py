@@ -65,9 +65,6 @@ def run_eval(
 ) -> dict[str, Any]:
     """Held-out sweep at the current weights; feeds the seesaw guard; logs and returns results."""
     cfg = rt.cfg
-    levels = {
-        d.name: lv for d, lv in zip(sched.domains, sched.curriculum.current_levels(), strict=True)
-    }
     res = evaluate(
         engine,
         rt.tokenizer,
@@ -76,7 +73,6 @@ def run_eval(
         cfg.seed,
         cfg.rollout.max_new_tokens,
         level=cfg.domains.level,
-        levels=levels,
     )
     metrics = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
     metrics["eval/mean_accuracy"] = res.mean

@@ -147,3 +147,81 @@ def rollout_metrics(groups: list[Group], kept: list[int]) -> dict[str, float]:
         1, len(everything)
     )
     return out
+
+
+class RolloutProducer:
+    """Plans, generates and scores a step's groups; optionally one step ahead (off-policy).
+
+    On-policy (``rl.off_policy: false``): ``get(step)`` does everything for ``step`` now, with
+    the engine holding the weights of the last sync. Off-policy: ``get(step)`` also starts step
+    ``step + 1`` in a background thread, so generation overlaps training; ``wait()`` (called
+    before each weight sync) lets it finish first, so the engine is never updated mid-batch.
+    Samples are then exactly one policy version behind the trainer (staleness 1, logged as
+    ``rollout/staleness``; truncated importance sampling corrects for it). Planning happens on
+    the caller's thread, so the scheduler and task cursors are never touched concurrently.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        domains: dict[str, Domain],
+        sched: Any,
+        cursor: dict[str, int],
+        cfg: Any,
+    ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.engine, self.tokenizer, self.domains = engine, tokenizer, domains
+        self.sched, self.cursor, self.cfg = sched, cursor, cfg
+        self.version = 0  # optimizer steps the engine's weights have seen (relative)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
+        self._next: Any = None  # (step, future) of the prefetched step
+
+    def _plan(self, step: int) -> tuple[list[GroupSpec], list[Task]]:
+        specs = self.sched.plan(step, self.cfg.rl.prompts_per_step)
+        return specs, make_tasks(specs, self.domains, self.cursor, self.cfg.seed)
+
+    def _collect(
+        self, specs: list[GroupSpec], tasks: list[Task], version: int
+    ) -> tuple[list[Group], dict[str, float]]:
+        t0 = time.time()
+        cfg = self.cfg
+        groups = generate(
+            self.engine,
+            self.tokenizer,
+            self.domains,
+            specs,
+            tasks,
+            cfg.rl.group_size,
+            cfg.rollout.max_new_tokens,
+            cfg.rollout.top_p,
+        )
+        t1 = time.time()
+        score(groups, self.domains, cfg.rewards.truncated_reward)
+        return groups, {"generate": t1 - t0, "score": time.time() - t1, "version": version}
+
+    def get(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """The scored groups of ``step`` and their timings (seconds) and staleness."""
+        if self._next is not None and self._next[0] == step:
+            groups, timing = self._next[1].result()
+            self._next = None
+        else:
+            groups, timing = self._collect(*self._plan(step), self.version)
+        timing["staleness"] = self.version - timing.pop("version")
+        if self.cfg.rl.off_policy and step + 1 < self.cfg.train.steps:
+            specs, tasks = self._plan(step + 1)
+            self._next = (step + 1, self._pool.submit(self._collect, specs, tasks, self.version))
+        return groups, timing
+
+    def wait(self) -> None:
+        """Block until a prefetched step has finished generating (before a weight sync)."""
+        if self._next is not None:
+            self._next[1].result()
+
+    def synced(self) -> None:
+        """The engine now holds the trainer's latest weights."""
+        self.version += 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,240 @@
+"""Run every CPU benchmark in one go (``make bench``) and collect their numbers.
+
+Each benchmark runs as its own subprocess with a timeout (one that fails or times out is recorded
+with its status and the rest go on). Ours write ``--json``; the other engineers' scripts that only
+print are parsed (a JSON line where they print one, else their stdout tail is kept). Results:
+
+- ``benchmarks/results.json``: ``{"meta": {...}, "<bench>": {headline keys..., "raw": ...}}``,
+  with at least ``rl_vs_trl.step_time_ratio``, ``rl_vs_trl.accuracy`` (both tools),
+  ``rollout.tokens_per_s``, ``train.mfu`` and ``weight_sync.seconds``;
+- ``benchmarks/results.md``: the markdown table generated from that file, also written into
+  ``benchmarks/README.md`` between the ``results`` markers.
+
+``--only rl_vs_trl,train`` re-runs just those and merges into the existing results.json. Every
+number comes from the run; the table adds the date, core count and load average it ran under.
+
+    .venv/bin/python benchmarks/run_all.py [--only NAME[,NAME]] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = HERE / "out"
+RESULTS = HERE / "results.json"
+README = HERE / "README.md"
+MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+@dataclass
+class Bench:
+    """One benchmark: its script and arguments, a timeout and how to read its numbers."""
+
+    script: str  # file in benchmarks/
+    args: list[str]  # command-line arguments (``{out}`` is replaced by the JSON path)
+    timeout_s: float  # wall-clock limit of the subprocess
+    headline: Callable[[dict[str, Any]], dict[str, Any]] = lambda raw: {}  # key numbers
+    json_out: bool = True  # the script writes --json; else its stdout is parsed
+    quick_args: list[str] = field(default_factory=list)  # replaces args under --quick
+
+
+def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
+    keys = ("step_s", "generated_tokens_per_s", "trained_tokens_per_s")
+    return {
+        "step_time_ratio": r["step_time_ratio"],
+        "speedup": r["speedup"],
+        "accuracy": r["accuracy"],
+        **{k: {t: r[t][k] for t in ("megatron_rl", "trl")} for k in keys},
+    }
+
+
+def _rollout(r: dict[str, Any]) -> dict[str, Any]:
+    tps = {
+        f"{size}/{eng}": v["tokens_per_s"]
+        for size, res in r.items()
+        for eng, v in res.items()
+        if isinstance(v, dict) and "tokens_per_s" in v
+    }
+    ratio = {
+        k: v / tps[f"{k.split('/')[0]}/transformers"]
+        for k, v in tps.items()
+        if not k.endswith("/transformers")
+    }
+    return {"tokens_per_s": tps, "ratio_vs_transformers": ratio}
+
+
+BENCHES: dict[str, Bench] = {
+    "rl_vs_trl": Bench(
+        "rl_vs_trl.py",
+        ["--steps", "10", "--json", "{out}"],
+        1500,
+        _rl_vs_trl,
+        quick_args=["--steps", "2", "--prompts", "4", "--group", "4", "--json", "{out}"],
+    ),
+    "rollout": Bench(
+        "rollout_engines.py",
+        ["--sizes", "3m,100m", "--json", "{out}"],
+        600,
+        _rollout,
+        quick_args=["--sizes", "3m", "--engines", "hf", "--prompts", "4", "--json", "{out}"],
+    ),
+    "train": Bench(
+        "train_step.py",
+        ["--json", "{out}"],
+        600,
+        lambda r: {"mfu": r["mfu"], "tokens_per_s": r["tokens_per_s"]},
+        quick_args=["--sizes", "tiny", "--steps", "1", "--seqs", "16", "--json", "{out}"],
+    ),
+    "time_split": Bench(
+        "time_split.py",
+        ["--steps", "4", "--json", "{out}"],
+        600,
+        lambda r: {"share": r["share"], "step_s": r["step_s"]},
+        quick_args=["--steps", "1", "--json", "{out}"],
+    ),
+    "weight_sync": Bench(
+        "weight_sync.py",
+        ["--metrics", str(OUT / "time_split" / "metrics.jsonl"), "--json", "{out}"],
+        600,
+        lambda r: {
+            "seconds": r["seconds"],
+            "demo_step_fraction": (r.get("demo_step") or {}).get("fraction"),
+        },
+        quick_args=["--sizes", "test", "--repeats", "1", "--json", "{out}"],
+    ),
+    "scoring": Bench("scoring.py", ["--json", "{out}"], 300),
+    "sandbox": Bench("sandbox_throughput.py", [], 300, json_out=False),
+    "packing": Bench("packing.py", [], 300, json_out=False),
+    "convert": Bench("convert_speed.py", [], 300, json_out=False),
+}
+
+
+def parse_stdout(text: str) -> dict[str, Any]:
+    """A benchmark's printed output: its last JSON-object line if any, else its last lines."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    for line in reversed(lines):
+        if line.lstrip().startswith("{"):
+            try:
+                return dict(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return {"stdout_tail": lines[-12:]}
+
+
+def run_one(name: str, bench: Bench, quick: bool) -> dict[str, Any]:
+    """Run one benchmark subprocess; returns its entry for results.json (never raises)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT / f"{name}.json"
+    out.unlink(missing_ok=True)
+    args = bench.quick_args if quick and bench.quick_args else bench.args
+    cmd = [sys.executable, str(HERE / bench.script), *(a.replace("{out}", str(out)) for a in args)]
+    print(f"== {name}: {' '.join(cmd[1:])} (timeout {bench.timeout_s:.0f} s)", flush=True)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, timeout=bench.timeout_s, stdout=subprocess.PIPE, text=True
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "seconds": time.perf_counter() - t0}
+    entry: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1)}
+    print(proc.stdout[-4000:], flush=True)
+    if proc.returncode != 0:
+        return dict(entry, status=f"failed (exit {proc.returncode})")
+    try:
+        raw = json.loads(out.read_text()) if bench.json_out else parse_stdout(proc.stdout)
+        return dict(entry, status="ok", **bench.headline(raw), raw=raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return dict(entry, status=f"unreadable output: {e!r}")
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b.c": leaf}; lists and strings are kept as leaves."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results table: one row per headline number (``raw`` details stay in the JSON)."""
+    meta = results.get("meta", {})
+    lines = [
+        f"Measured {meta.get('date', '?')} on {meta.get('cores', '?')} cores "
+        f"(load average {fmt(meta.get('load_avg_1m', '?'))} at start). "
+        "CPU figures: read the ratios, not the absolute times.",
+        "",
+        "| benchmark | metric | value |",
+        "|---|---|---|",
+    ]
+    for name in sorted(k for k in results if k != "meta"):
+        entry = results[name]
+        shown = {k: v for k, v in entry.items() if k not in ("raw", "seconds")}
+        for key, val in flatten(shown).items():
+            if isinstance(val, list):
+                continue
+            lines.append(f"| {name} | {key} | {fmt(val)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(results: dict[str, Any]) -> None:
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(results)
+    (HERE / "results.md").write_text(table)
+    if README.is_file():
+        text = README.read_text()
+        if MARK_START in text and MARK_END in text:
+            head, rest = text.split(MARK_START, 1)
+            tail = rest.split(MARK_END, 1)[1]
+            README.write_text(f"{head}{MARK_START}\n{table}{MARK_END}{tail}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="", help=f"comma list of {sorted(BENCHES)}")
+    p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not numbers)")
+    a = p.parse_args()
+    names = [n for n in a.only.split(",") if n] or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        print(f"unknown benchmark {unknown[0]!r}; choose from {sorted(BENCHES)}", file=sys.stderr)
+        return 2
+    results = json.loads(RESULTS.read_text()) if a.only and RESULTS.is_file() else {}
+    results["meta"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cores": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+        "quick": a.quick,
+    }
+    t0 = time.perf_counter()
+    for name in names:
+        results[name] = run_one(name, BENCHES[name], a.quick)
+        write_outputs(results)  # keep what finished if a later benchmark hangs the machine
+    results["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
+    write_outputs(results)
+    print(markdown(results))
+    failed = [n for n in names if results[n].get("status") != "ok"]
+    print(f"total {results['meta']['total_s']:.0f} s; not ok: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

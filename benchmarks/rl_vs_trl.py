@@ -210,8 +210,7 @@ def train_and_eval(
 
     domains = load_domains(["tiny/*"], [], [])
     rows = [
-        {"prompt": [{"role": "user", "content": t["prompt"]}], "task": json.dumps(t)}
-        for t in tasks
+        {"prompt": [{"role": "user", "content": t["prompt"]}], "task": json.dumps(t)} for t in tasks
     ]
     gen_s: list[float] = []
 

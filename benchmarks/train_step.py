@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},  # ModelConfig defaults: 4 x 256, ffn 768, vocab 384
     "100m": dict(
         num_layers=12,

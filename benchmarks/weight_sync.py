@@ -137,7 +137,8 @@ def print_table(out: dict[str, Any]) -> None:
     if demo:
         print(
             f"demo run: step {demo['step_s']:.2f} s; sync at size {demo['size']} = "
-            f"{demo['fraction']:.3%} of a step (the run's own sync share {demo['run_sync_fraction']:.3%})"
+            f"{demo['fraction']:.3%} of a step "
+            f"(the run's own sync share {demo['run_sync_fraction']:.3%})"
         )
 
 

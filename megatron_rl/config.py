@@ -24,6 +24,7 @@ from megatron_rl.domains.config import DomainsConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rollout.config import RolloutConfig
+from megatron_rl.rollout.slurm_config import SlurmConfig
 from megatron_rl.scheduler.config import SchedulerConfig
 from megatron_rl.tracking.config import TrackingConfig
 from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
@@ -47,6 +48,7 @@ class RunConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)  # domain mix
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)  # W&B, jsonl
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    slurm: SlurmConfig = dataclasses.field(default_factory=SlurmConfig)  # sbatch layout
 
     @property
     def run_dir(self) -> Path:

@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_registry_lists_engines_on_unknown_name(model_dir: Path) -> None:
-    with pytest.raises(ValueError, match=r"rollout.engine='trt'.*choose one of \[.*'hf'.*'vllm'.*\]"):
+    with pytest.raises(ValueError, match=r"engine='trt'.*choose one of \[.*'hf'.*'vllm'.*\]"):
         build_engine(RolloutConfig(engine="trt"), str(model_dir), seed=0)
     assert {"hf", "vllm"} <= set(ENGINES)
 

@@ -1,12 +1,12 @@
 """Run a candidate program against hidden tests: the one adapter between domains and the sandbox.
 
-Code domains call :func:`run_tests` only. It uses the sandbox of ``megatron_rl.rewards.sandbox``
-(isolated, unforgeable verdicts; see ``docs/sandbox.md``) when that package provides
-``run_program``; otherwise it falls back to :func:`run_program_subprocess` below, a plain
-``python -I`` subprocess with a wall-clock timeout and an address-space limit. The fallback is
-**not** a security boundary (the candidate runs as this user and could forge its verdict); it
-exists so the code family works before the sandbox lands and on machines without it, and it
-logs a warning once when used.
+Code domains call :func:`run_tests` only. It uses ``megatron_rl.rewards.sandbox.run_program``
+(bubblewrap isolation, verdicts the candidate cannot forge; see ``docs/sandbox.md``). If that
+package cannot be imported it falls back to :func:`run_program_subprocess` below, a plain
+``python -I`` subprocess with a wall-clock timeout and an address-space limit, which is **not** a
+security boundary (the candidate runs as this user and could forge its verdict) and logs a
+warning once. If the sandbox imports but refuses to run (``SandboxUnavailable``: bubblewrap
+missing), the verdict is ``error`` and code tasks score 0: we never silently run unsandboxed.
 
 Contract shared by both: ``tests`` holds ``test_*`` functions with plain asserts, run against
 the program's definitions (same namespace); status is one of ``passed`` (every test passed),

@@ -8,8 +8,9 @@ How a ``generate`` call runs:
 2. Prefix sharing: each chunk's prompts are prefilled once (left-padded batch), then the KV cache
    rows are repeated to the group's ``n`` samples (``Cache.batch_select_indices``), so a group of
    8 costs one prompt forward, not 8. This is what vLLM's prefix cache achieves for a group.
-3. Decode one token per step for every live sequence; sequences that finish are dropped from the
-   batch (and from the cache) so late steps only pay for live rows.
+3. Decode one token per step for every live sequence; finished sequences are dropped from the
+   batch (and from the cache) once a quarter of the batch has finished, so late steps only pay
+   for live rows without copying the cache at every finish.
 4. Runs on the GPU when CUDA is available (not yet checked on a GPU), else on the CPU.
 5. Sampling per request uses its own ``torch.Generator`` seeded from ``SamplingParams.seed`` (or
    a seed derived from the engine seed), so results do not depend on which other requests share
@@ -44,6 +45,11 @@ from megatron_rl.rollout.base import (
 
 if TYPE_CHECKING:
     from megatron_rl.rollout.config import RolloutConfig
+
+
+# Finished rows are dropped from the batch (and its KV cache) once at most this fraction of the
+# batch is still live; until then they ride along, which is cheaper than copying the cache.
+_COMPACT_AT = 0.75
 
 
 @dataclass
@@ -160,18 +166,21 @@ class HFEngine(RolloutEngine):
         cache.batch_select_indices(expand)
         logits, attn, pos = logits[expand], attn[expand], pos[expand]
         gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
-        live = list(range(len(rows)))  # row ids, in batch order
+        batch = list(range(len(rows)))  # row ids in batch order (finished rows may linger)
         while True:
-            tokens = self._sample_step(logits, [rows[i] for i in live], gens)
-            keep = [k for k, i in enumerate(live) if rows[i].finish is None]
+            live = [k for k, i in enumerate(batch) if rows[i].finish is None]
+            idx = torch.tensor(live, device=self.device)
+            tokens = torch.full((len(batch),), self.pad_id, dtype=torch.long, device=self.device)
+            tokens[idx] = self._sample_step(logits[idx], [rows[batch[k]] for k in live], gens)
+            keep = [k for k, i in enumerate(batch) if rows[i].finish is None]
             if not keep:
                 break
-            if len(keep) < len(live):
+            if len(keep) <= _COMPACT_AT * len(batch):  # dropping rows copies the whole cache
                 idx = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(idx)
                 tokens, attn, pos = tokens[idx], attn[idx], pos[idx]
-                live = [live[k] for k in keep]
-            attn = torch.cat([attn, attn.new_ones(len(live), 1)], dim=1)
+                batch = [batch[k] for k in keep]
+            attn = torch.cat([attn, attn.new_ones(len(batch), 1)], dim=1)
             pos = pos + 1
             out = self.model(
                 input_ids=tokens[:, None],

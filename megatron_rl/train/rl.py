@@ -66,7 +66,8 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 3. score them with each domain's verifier (one step ahead in off-policy mode)
         groups, timing = producer.get(step)
         t.spent.update(generate=timing["generate"], score=timing["score"])
-        metrics = report.monitor_step(rt, monitor, step, groups)
+        metrics = dict(getattr(engine, "metrics", {}))  # e.g. SGLang retries/aborts counters
+        metrics.update(report.monitor_step(rt, monitor, step, groups))
         results = [g.result() for g in groups]
         events = sched.observe(step, results)
         kept = sched.select(results, cfg.rl.prompts_per_step)

@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_rl.domains import Domain, Task
+from megatron_rl.domains import Domain, Task, VerifyResult
+from megatron_rl.domains.pool import VerifierPool
 from megatron_rl.domains.reward import compose_reward
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
@@ -109,13 +110,32 @@ def generate(
     return groups
 
 
-def score(groups: list[Group], domains: dict[str, Domain], truncated_reward: float | None) -> float:
+def _verdicts(
+    groups: list[Group], domains: dict[str, Domain], pool: VerifierPool | None
+) -> list[VerifyResult | None]:
+    """One verdict per sample (None where verification raised), from the pool if there is one."""
+    if pool is not None:
+        pairs = [(g.task, s.text) for g in groups for s in g.samples]
+        try:
+            return list(pool.verify(pairs))
+        except Exception as e:  # noqa: BLE001 - a dead worker pool falls back to inline scoring
+            log.warning("verifier pool failed (%r); scoring this step inline", e)
+    return [safe_verify(domains[g.spec.domain], g.task, s.text) for g in groups for s in g.samples]
+
+
+def score(
+    groups: list[Group],
+    domains: dict[str, Domain],
+    truncated_reward: float | None,
+    pool: VerifierPool | None = None,
+) -> float:
     """Verify every sample and set its reward; returns seconds spent. Never raises."""
     t0 = time.time()
+    verdicts = iter(_verdicts(groups, domains, pool))
     for g in groups:
         d = domains[g.spec.domain]
         for s in g.samples:
-            verdict = safe_verify(d, g.task, s.text)
+            verdict = next(verdicts)
             if verdict is None:
                 s.reward, s.verifier_error = 0.0, True
             else:
@@ -177,6 +197,8 @@ class RolloutProducer:
         self.version = 0  # optimizer steps the engine's weights have seen (relative)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self._next: Any = None  # (step, future) of the prefetched step
+        workers = cfg.domains.verify_workers
+        self.pool = VerifierPool(workers, cfg.domains.task_files) if workers > 0 else None
 
     def _plan(self, step: int) -> tuple[list[GroupSpec], list[Task]]:
         specs = self.sched.plan(step, self.cfg.rl.prompts_per_step)
@@ -198,7 +220,7 @@ class RolloutProducer:
             cfg.rollout.top_p,
         )
         t1 = time.time()
-        score(groups, self.domains, cfg.rewards.truncated_reward)
+        score(groups, self.domains, cfg.rewards.truncated_reward, self.pool)
         return groups, {"generate": t1 - t0, "score": time.time() - t1, "version": version}
 
     def get(self, step: int) -> tuple[list[Group], dict[str, float]]:
@@ -225,3 +247,5 @@ class RolloutProducer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.close()

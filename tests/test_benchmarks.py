@@ -1,0 +1,174 @@
+"""Plumbing of benchmarks/: result collection, the markdown table, and the pure arithmetic.
+
+No timing assertions: these check that numbers flow correctly from a benchmark's output to
+results.json / results.md, and that the FLOP count, time split and sync fraction are computed
+right on hand-made inputs. Benchmarks run as real subprocesses (tiny scripts written here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+
+def mod(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def run_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    m = mod("run_all")
+    monkeypatch.setattr(m, "OUT", tmp_path / "out")
+    monkeypatch.setattr(m, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(m, "HERE", tmp_path)
+    monkeypatch.setattr(m, "README", tmp_path / "README.md")
+    return m
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    (tmp_path / name).write_text("import json, sys, time\n" + body)
+    return name
+
+
+def test_run_one_collects_json_and_headline(run_all: Any, tmp_path: Path) -> None:
+    s = script(tmp_path, "ok.py", "json.dump({'a': {'b': 2.5}}, open(sys.argv[2], 'w'))\n")
+    bench = run_all.Bench(s, ["--json", "{out}"], 60, lambda r: {"b": r["a"]["b"] * 2})
+    entry = run_all.run_one("ok", bench, quick=False)
+    assert entry["status"] == "ok"
+    assert entry["b"] == 5.0
+    assert entry["raw"] == {"a": {"b": 2.5}}
+
+
+def test_run_one_records_failure_timeout_and_parses_stdout(run_all: Any, tmp_path: Path) -> None:
+    bad = run_all.Bench(script(tmp_path, "bad.py", "sys.exit(3)\n"), [], 60)
+    assert run_all.run_one("bad", bad, False)["status"] == "failed (exit 3)"
+    slow = run_all.Bench(script(tmp_path, "slow.py", "time.sleep(30)\n"), [], 0.5)
+    assert run_all.run_one("slow", slow, False)["status"] == "timeout"
+    printed = script(tmp_path, "pr.py", "print('hello'); print(json.dumps({'rows': [1, 2]}))\n")
+    entry = run_all.run_one("pr", run_all.Bench(printed, [], 60, json_out=False), False)
+    assert entry["status"] == "ok" and entry["raw"] == {"rows": [1, 2]}
+
+
+def test_parse_stdout_falls_back_to_tail(run_all: Any) -> None:
+    out = run_all.parse_stdout("a\nb\n\nratio 1.5x\n")
+    assert out == {"stdout_tail": ["a", "b", "ratio 1.5x"]}
+
+
+def test_markdown_table_and_readme_block(run_all: Any, tmp_path: Path) -> None:
+    results = {
+        "meta": {"date": "2026-11-30 17:00 UTC", "cores": 2, "load_avg_1m": 1.25},
+        "rl_vs_trl": {
+            "status": "ok",
+            "step_time_ratio": 0.5,
+            "accuracy": {"megatron_rl": 0.25, "trl": 0.125},
+            "raw": {"huge": list(range(100))},
+            "seconds": 12.0,
+        },
+        "train": {"status": "timeout"},
+    }
+    md = run_all.markdown(results)
+    assert "| rl_vs_trl | step_time_ratio | 0.5 |" in md
+    assert "| rl_vs_trl | accuracy.trl | 0.125 |" in md
+    assert "| train | status | timeout |" in md
+    assert "huge" not in md and "2 cores" in md
+    (tmp_path / "README.md").write_text(
+        f"# B\n{run_all.MARK_START}\nold\n{run_all.MARK_END}\nend\n"
+    )
+    run_all.write_outputs(results)
+    readme = (tmp_path / "README.md").read_text()
+    assert "old" not in readme and md in readme and readme.endswith("end\n")
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["rl_vs_trl"]["accuracy"] == {"megatron_rl": 0.25, "trl": 0.125}
+    assert (tmp_path / "results.md").read_text() == md
+
+
+def test_headline_extractors_give_required_keys(run_all: Any) -> None:
+    rollout = {
+        "3m": {"params": 1, "transformers": {"tokens_per_s": 100.0}, "hf": {"tokens_per_s": 250.0}}
+    }
+    assert run_all._rollout(rollout) == {
+        "tokens_per_s": {"3m/transformers": 100.0, "3m/hf": 250.0},
+        "ratio_vs_transformers": {"3m/hf": 2.5},
+    }
+    tool = {"step_s": 2.0, "generated_tokens_per_s": 1.0, "trained_tokens_per_s": 3.0}
+    raw = {
+        "step_time_ratio": 0.5,
+        "speedup": 2.0,
+        "accuracy": {"megatron_rl": 0.1, "trl": 0.2},
+        "megatron_rl": dict(tool, step_s=1.0),
+        "trl": tool,
+    }
+    h = run_all._rl_vs_trl(raw)
+    assert h["step_time_ratio"] == 0.5 and h["step_s"] == {"megatron_rl": 1.0, "trl": 2.0}
+
+
+def test_step_flops_by_hand() -> None:
+    ts = mod("train_step")
+    from megatron_rl.model.config import ModelConfig
+
+    cfg = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=2,
+        num_query_groups=1,
+        vocab_size=100,
+    )
+    # per layer: q,o 64x64 each; k,v 64x32 each; mlp 3 x 64x128; plus output 64x100
+    n = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 100
+    assert ts.matmul_params(cfg) == n
+    assert ts.step_flops(cfg, [10, 20]) == 6 * n * 30 + 12 * 2 * 64 * (100 + 400)
+
+
+def test_time_split_shares() -> None:
+    ts = mod("time_split")
+    rows = [
+        {"time/step_s": 10.0, "time/generate_s": 6.0, "time/train_s": 3.0, "time/other_s": 1.0},
+        {"time/step_s": 10.0, "time/generate_s": 4.0, "time/train_s": 5.0, "time/sync_s": 1.0},
+        {"eval/mean_accuracy": 0.5},  # not a step row
+    ]
+    res = ts.split(rows)
+    assert res["steps"] == 2 and res["step_s"] == 10.0
+    assert res["share"]["generate"] == pytest.approx(0.5)
+    assert res["share"]["sync"] == pytest.approx(0.05)
+    assert res["largest"] == "generate"
+    with pytest.raises(ValueError, match="no step rows"):
+        ts.split([{"x": 1}])
+
+
+def test_weight_sync_fraction(tmp_path: Path) -> None:
+    ws = mod("weight_sync")
+    rows = [{"time/step_s": 4.0, "time/sync_s": 0.2, "sync/bytes": 1000.0}] * 3
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sizes = {"a": {"bytes": 900.0, "memory_s": 0.4}, "b": {"bytes": 9e6, "memory_s": 9.0}}
+    demo = ws.demo_fraction(path, sizes)
+    assert demo is not None and demo["size"] == "a" and demo["step_s"] == 4.0
+    assert demo["fraction"] == pytest.approx(0.1)
+    assert demo["run_sync_fraction"] == pytest.approx(0.05)
+
+
+def test_trl_reward_is_the_domain_verifier() -> None:
+    """The reward TRL gets is megatron-rl's: verify + compose_reward on the same task."""
+    rvt = mod("rl_vs_trl")
+    from megatron_rl.domains import load_domains
+    from megatron_rl.domains.reward import compose_reward
+
+    domains = load_domains(["tiny/chain_sum"], [], [])
+    d = domains["tiny/chain_sum"]
+    task = d.task("train", 0, 0, 1)
+    reward = rvt.make_reward(domains)
+    texts = [task.gold, "not a number"]
+    got = reward(
+        [[{"role": "assistant", "content": t}] for t in texts], [json.dumps(task.to_dict())] * 2
+    )
+    want = [compose_reward(d.verify(task, t), t, d.reward_weights)[0] for t in texts]
+    assert got == want and got[0] > got[1]

@@ -29,6 +29,7 @@ bench: setup
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup
 	$(BIN)/megatron-rl sft configs/base_sft.yaml
+	rm -rf models/tiny-base && cp -r runs/base_sft/hf models/tiny-base
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

@@ -13,7 +13,7 @@ print are parsed (a JSON line where they print one, else their stdout tail is ke
 ``--only rl_vs_trl,train`` re-runs just those and merges into the existing results.json. Every
 number comes from the run; the table adds the date, core count and load average it ran under.
 
-    .venv/bin/python benchmarks/run_all.py [--only NAME[,NAME]] [--quick]
+    .venv/bin/python benchmarks/run_all.py [--only NAME[,NAME]] [--quick] [--threads 1]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Bench:
     headline: Callable[[dict[str, Any]], dict[str, Any]] = lambda raw: {}  # key numbers
     json_out: bool = True  # the script writes --json; else its stdout is parsed
     quick_args: list[str] = field(default_factory=list)  # replaces args under --quick
+    takes_threads: bool = True  # the script accepts --threads (torch CPU threads)
 
 
 def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +114,10 @@ BENCHES: dict[str, Bench] = {
         },
         quick_args=["--sizes", "test", "--repeats", "1", "--json", "{out}"],
     ),
-    "scoring": Bench("scoring.py", ["--json", "{out}"], 300),
-    "sandbox": Bench("sandbox_throughput.py", [], 300, json_out=False),
+    "scoring": Bench("scoring.py", ["--json", "{out}"], 300, takes_threads=False),
+    "sandbox": Bench("sandbox_throughput.py", [], 300, json_out=False, takes_threads=False),
     "packing": Bench("packing.py", [], 300, json_out=False),
-    "convert": Bench("convert_speed.py", [], 300, json_out=False),
+    "convert": Bench("convert_speed.py", [], 300, json_out=False, takes_threads=False),
 }
 
 
@@ -132,12 +133,14 @@ def parse_stdout(text: str) -> dict[str, Any]:
     return {"stdout_tail": lines[-12:]}
 
 
-def run_one(name: str, bench: Bench, quick: bool) -> dict[str, Any]:
+def run_one(name: str, bench: Bench, quick: bool, threads: int = 0) -> dict[str, Any]:
     """Run one benchmark subprocess; returns its entry for results.json (never raises)."""
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / f"{name}.json"
     out.unlink(missing_ok=True)
     args = bench.quick_args if quick and bench.quick_args else bench.args
+    if threads and bench.takes_threads:
+        args = [*args, "--threads", str(threads)]
     cmd = [sys.executable, str(HERE / bench.script), *(a.replace("{out}", str(out)) for a in args)]
     print(f"== {name}: {' '.join(cmd[1:])} (timeout {bench.timeout_s:.0f} s)", flush=True)
     t0 = time.perf_counter()
@@ -211,6 +214,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help=f"comma list of {sorted(BENCHES)}")
     p.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not numbers)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads for every benchmark (0: their own)"
+    )
     a = p.parse_args()
     names = [n for n in a.only.split(",") if n] or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
@@ -223,10 +229,11 @@ def main() -> int:
         "cores": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "quick": a.quick,
+        "threads": a.threads or "each benchmark's default (2)",
     }
     t0 = time.perf_counter()
     for name in names:
-        results[name] = run_one(name, BENCHES[name], a.quick)
+        results[name] = run_one(name, BENCHES[name], a.quick, a.threads)
         write_outputs(results)  # keep what finished if a later benchmark hangs the machine
     results["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
     write_outputs(results)

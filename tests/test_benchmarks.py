@@ -172,3 +172,11 @@ def test_trl_reward_is_the_domain_verifier() -> None:
     )
     want = [compose_reward(d.verify(task, t), t, d.reward_weights)[0] for t in texts]
     assert got == want and got[0] > got[1]
+
+
+def test_threads_are_passed_only_to_scripts_that_take_them(run_all: Any, tmp_path: Path) -> None:
+    s = script(tmp_path, "argv.py", "json.dump(sys.argv[3:], open(sys.argv[2], 'w'))\n")
+    takes = run_all.Bench(s, ["--json", "{out}"], 60)
+    assert run_all.run_one("a", takes, False, threads=1)["raw"] == ["--threads", "1"]
+    plain = run_all.Bench(s, ["--json", "{out}"], 60, takes_threads=False)
+    assert run_all.run_one("b", plain, False, threads=1)["raw"] == []

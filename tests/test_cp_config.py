@@ -19,16 +19,12 @@ import pytest
 from megatron_rl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-WIRED = pytest.mark.xfail(
-    strict=True, reason="check_cp_supported not yet called from ParallelConfig.validate"
-)
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformer_engine") is not None,
     reason="Transformer Engine is installed: CP is allowed here",
 )
 
 
-@WIRED
 def test_config_load_rejects_cp2_naming_transformer_engine() -> None:
     with pytest.raises(ValueError, match="Transformer Engine"):
         load_config(None, ["parallel.cp=2"])
@@ -38,7 +34,6 @@ def test_cp1_loads() -> None:
     assert load_config(None, ["parallel.cp=1"]).parallel.cp == 1
 
 
-@WIRED
 def test_train_cli_fails_at_start_up_with_one_line() -> None:
     cli = Path(sys.executable).parent / "megatron-rl"
     out = subprocess.run(

@@ -60,3 +60,6 @@ class ParallelConfig:
         for name in ("tp", "pp", "cp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        from long_context.cp import check_cp_supported
+
+        check_cp_supported(self.cp)  # cp > 1 needs Transformer Engine (GPU only)

@@ -149,8 +149,8 @@ def run_one(name: str, bench: Bench, quick: bool, threads: int = 0) -> dict[str,
             cmd, cwd=ROOT, timeout=bench.timeout_s, stdout=subprocess.PIPE, text=True
         )
     except subprocess.TimeoutExpired:
-        return {"status": "timeout", "seconds": time.perf_counter() - t0}
-    entry: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1)}
+        return {"status": "timeout", "wall_s": round(time.perf_counter() - t0, 1)}
+    entry: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 1)}
     print(proc.stdout[-4000:], flush=True)
     if proc.returncode != 0:
         return dict(entry, status=f"failed (exit {proc.returncode})")
@@ -190,7 +190,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for name in sorted(k for k in results if k != "meta"):
         entry = results[name]
-        shown = {k: v for k, v in entry.items() if k not in ("raw", "seconds")}
+        shown = {k: v for k, v in entry.items() if k not in ("raw", "wall_s")}
         for key, val in flatten(shown).items():
             if isinstance(val, list):
                 continue
@@ -232,8 +232,10 @@ def main() -> int:
         "threads": a.threads or "each benchmark's default (2)",
     }
     t0 = time.perf_counter()
+    ran = f"{results['meta']['date']}, threads {a.threads or 'default'}"
     for name in names:
-        results[name] = run_one(name, BENCHES[name], a.quick, a.threads)
+        entry = run_one(name, BENCHES[name], a.quick, a.threads)
+        results[name] = {"ran": ran + (", quick" if a.quick else ""), **entry}
         write_outputs(results)  # keep what finished if a later benchmark hangs the machine
     results["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
     write_outputs(results)

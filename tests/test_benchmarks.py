@@ -70,7 +70,7 @@ def test_markdown_table_and_readme_block(run_all: Any, tmp_path: Path) -> None:
             "step_time_ratio": 0.5,
             "accuracy": {"megatron_rl": 0.25, "trl": 0.125},
             "raw": {"huge": list(range(100))},
-            "seconds": 12.0,
+            "wall_s": 12.0,
         },
         "train": {"status": "timeout"},
     }
@@ -78,7 +78,7 @@ def test_markdown_table_and_readme_block(run_all: Any, tmp_path: Path) -> None:
     assert "| rl_vs_trl | step_time_ratio | 0.5 |" in md
     assert "| rl_vs_trl | accuracy.trl | 0.125 |" in md
     assert "| train | status | timeout |" in md
-    assert "huge" not in md and "2 cores" in md
+    assert "huge" not in md and "2 cores" in md and "wall_s" not in md
     (tmp_path / "README.md").write_text(
         f"# B\n{run_all.MARK_START}\nold\n{run_all.MARK_END}\nend\n"
     )

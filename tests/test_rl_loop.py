@@ -219,3 +219,17 @@ def test_off_policy_overlaps_with_staleness_one(setup_dir: Path) -> None:
     assert all(r["rollout/samples_trained"] == 16 for r in rows)
     # samples one version old: the mismatch now includes the policy change, and is logged
     assert rows[1]["mismatch/logp_abs_mean"] > rows[0]["mismatch/logp_abs_mean"]
+
+
+def test_kl_to_frozen_reference(setup_dir: Path) -> None:
+    from megatron_rl.train.rl import train_rl
+
+    cfg = load_config(
+        ROOT / "configs/demo_cpu.yaml",
+        overrides(setup_dir, "kl", 2, "rl.kl_coef=0.1", "rl.kl_estimator=k3"),
+    )
+    train_rl(cfg)
+    rows = train_rows(setup_dir / "runs" / "kl")
+    # step 0: the policy is the reference, so the k3 estimate is exactly 0; after an update > 0
+    assert rows[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert rows[1]["loss/kl"] > 0

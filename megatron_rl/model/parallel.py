@@ -117,6 +117,11 @@ def init_distributed(
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
 
+    if "info" in _info and not (dist.is_initialized() and mpu.model_parallel_is_initialized()):
+        # someone else tore the process group down (e.g. an in-process vLLM engine's shutdown)
+        _info.pop("info")
+        if mpu.model_parallel_is_initialized():
+            mpu.destroy_model_parallel()
     if "info" in _info:
         info = _info["info"]
         if (info.tp, info.pp, info.cp) != (parallel.tp, parallel.pp, parallel.cp):

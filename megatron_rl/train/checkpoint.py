@@ -32,6 +32,14 @@ import torch
 FORMAT_VERSION = 1
 
 
+def _megatron_initialized() -> bool:
+    """Megatron's parallel state is set up (only then does its RNG tracker exist to save)."""
+    import sys
+
+    mpu = sys.modules.get("megatron.core.parallel_state")
+    return bool(mpu is not None and mpu.model_parallel_is_initialized())
+
+
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states (plus Megatron's tracker states when present)."""
     state: dict[str, Any] = {
@@ -39,14 +47,12 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    try:
+    if _megatron_initialized():
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
         tracker = get_cuda_rng_tracker()
         if tracker.get_states():
             state["megatron_tracker"] = {k: v.clone() for k, v in tracker.get_states().items()}
-    except Exception:  # noqa: BLE001 - tracker absent or not initialised: nothing to save
-        pass
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

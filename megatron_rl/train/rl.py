@@ -66,7 +66,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 3. score them with each domain's verifier (one step ahead in off-policy mode)
         groups, timing = producer.get(step)
         t.spent.update(generate=timing["generate"], score=timing["score"])
-        metrics = dict(getattr(engine, "metrics", {}))  # e.g. SGLang retries/aborts counters
+        metrics = {**engine.stats, **getattr(engine, "metrics", {})}  # tokens; SGLang retries
         metrics.update(report.monitor_step(rt, monitor, step, groups))
         results = [g.result() for g in groups]
         events = sched.observe(step, results)

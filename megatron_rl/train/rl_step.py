@@ -73,7 +73,8 @@ def train_step(
     """Forward/backward over the micro-batches and one optimizer step; returns metrics."""
     rl = cfg.rl
     norm = step_normalizer([to_padded(b.loss_mask, b.cu_seqlens) for b in batches], rl.loss_agg)
-    refs = {id(b): r for b, r in zip(batches, ref_logprobs or [], strict=False)}
+    for b, ref in zip(batches, ref_logprobs or [], strict=False):
+        b.extras["ref_lp"] = ref.detach().float()  # travels with the batch to the last stage
 
     def loss_fn(
         b: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None
@@ -81,7 +82,7 @@ def train_step(
         cu = b.cu_seqlens
         pad = lambda x: to_padded(x, cu)  # noqa: E731
         mask, lp, rlp = pad(b.loss_mask), pad(logp), pad(b.extras["rollout_lp"])
-        ref = refs.get(id(b))
+        ref = b.extras.get("ref_lp")
         loss, m = rl_loss(
             lp,
             lp.detach(),

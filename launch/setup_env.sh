@@ -76,8 +76,8 @@ fi
 
 KEY="$(sha1sum pyproject.toml | cut -c1-40) $TORCH_SPEC"
 if stage package "$KEY"; then
-  log "installing megatron-rl (editable) with test extras"
-  $PIP install -e ".[test]" "$TORCH_SPEC" 2>&1 | grep -v "is ignored" || true
+  log "installing megatron-rl (editable) with test and benchmark extras"
+  $PIP install -e ".[test,bench]" "$TORCH_SPEC" 2>&1 | grep -v "is ignored" || true
   "$VENV/bin/megatron-rl" --help >/dev/null && done_stage package "$KEY"
 fi
 log "environment ready: $VENV"

@@ -127,6 +127,7 @@ def test_sbatch_tiny_rl_job_uses_router_and_servers(cluster: SlurmCluster, tmp_p
         "train.threads=1", "train.lr=0.01", "rl.prompts_per_step=4", "rl.group_size=4",
         "rl.eval_samples_per_domain=4", "rl.eval_every=0", "rollout.max_new_tokens=8",
         "tracking.wandb=disabled", "tracking.progress=false", "checkpoint.every=1",
+        "domains.exclude=[]", "scheduler.filter_zero_variance=false", "scheduler.oversample=1.0",
     ]  # fmt: skip
     script = _write_script(
         tmp_path, REPO / "configs" / "demo_cpu.yaml", [*micro, *_slurm_overrides(2)]

@@ -1,0 +1,108 @@
+"""Policy runs under several TP/PP layouts in one launch; rank 0 saves what each computed.
+
+    torchrun --nproc_per_node 2 tests/dist/policy_equivalence.py --out-dir DIR
+
+Layouts, one after the other in the same two processes (Megatron's groups are rebuilt between
+them, the gloo world is kept): ``ref`` (TP=1, PP=1, so DP=2 with the same data on both ranks,
+which must equal a single process), ``tp2`` and ``pp2``. Results go to ``DIR/<layout>.pt``.
+
+Every layout starts from the same weights: a seeded random HF-layout state dict (the TP=1
+reference weights), loaded through ``Policy.load_hf_state_dict`` so each rank takes its own
+Megatron shard. Then: full-vocab logits, token log-probs and entropies of two packed batches,
+one ``forward_backward`` + ``optimizer_step``, logits again and the gathered HF state dict.
+``tests/test_parallel_equivalence.py`` compares the files of different layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from long_context.packing import PackedBatch, pack
+from megatron_rl.model import convert
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.parallel import destroy_distributed, init_distributed
+from megatron_rl.model.policy import Policy
+from megatron_rl.train.config import TrainConfig
+
+CFG = ModelConfig(
+    num_layers=2,
+    hidden_size=128,
+    ffn_hidden_size=256,
+    num_attention_heads=4,
+    num_query_groups=2,
+    vocab_size=128,
+    max_position_embeddings=128,
+)
+
+
+def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A random HF-layout state dict, identical in every process for the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, shape in sorted(convert.hf_param_shapes(cfg).items()):
+        if name.endswith("norm.weight"):
+            sd[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            sd[name] = 0.1 * torch.randn(shape, generator=g)
+    return sd
+
+
+def batches() -> list[PackedBatch]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for lens in ((7, 12, 5), (20, 9)):
+        seqs = [torch.randint(0, CFG.vocab_size, (n,), generator=g).tolist() for n in lens]
+        masks = [[float(i >= n // 2) for i in range(n)] for n in lens]
+        advs = [[float(torch.randn((), generator=g))] * n for n in lens]
+        out.append(pack(seqs, masks, extras={"adv": advs}))
+    return out
+
+
+LAYOUTS = {"ref": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}  # name -> (tp, pp)
+
+
+def run_layout(tp: int, pp: int) -> dict[str, object]:
+    info = init_distributed(ParallelConfig(tp=tp, pp=pp), seed=0, model=CFG)
+    # adam_eps well above fp32 noise in near-zero grads, so the step compares tightly.
+    policy = Policy(CFG, info, TrainConfig(lr=1e-2, grad_clip=1.0, adam_eps=1e-4))
+    policy.load_hf_state_dict(reference_weights(CFG, seed=0))
+    data = batches()
+    n_global = float(sum(b.loss_mask.sum() for b in data))
+
+    def loss_fn(batch: PackedBatch, logprobs: torch.Tensor, entropy: torch.Tensor):
+        pg = -(batch.extras["adv"] * logprobs * batch.loss_mask).sum() / n_global
+        ent = (entropy * batch.loss_mask).sum() / n_global
+        return pg - 0.01 * ent, {"pg": pg.detach(), "entropy": ent.detach()}
+
+    tokens = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    result: dict[str, object] = {"logits_before": policy.logits(tokens), "dp": info.dp}
+    scored = policy.token_logprobs(data, temperature=0.8, with_entropy=True)
+    result["logprobs"] = [lp for lp, _ in scored]
+    result["entropy"] = [ent for _, ent in scored]
+    result["metrics"] = policy.forward_backward(data, loss_fn, temperature=0.8)
+    result["step"] = policy.optimizer_step(lr=1e-2)
+    result["logits_after"] = policy.logits(tokens)
+    result["hf_after"] = policy.hf_state_dict()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for name in args.layouts.split(","):
+        result = run_layout(*LAYOUTS[name])
+        if dist.get_rank() == 0:
+            torch.save(result, Path(args.out_dir) / f"{name}.pt")
+        destroy_distributed(keep_process_group=True)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()

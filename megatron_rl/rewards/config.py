@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 @dataclass
 class RewardsConfig:
-    """How verifier results become scalar rewards."""
+    """Run-wide reward settings: the sandbox and the reward-hacking monitor.
 
-    format_weight: float = 0.0  # weight of the format score added to the outcome score
-    length_penalty: float = 0.0  # penalty per token over rewards.length_target (0: off)
-    length_target: int = 0  # response length beyond which the penalty applies, tokens
+    How a verdict becomes a reward (outcome, process, format and length terms) is set per
+    domain by its ``RewardWeights`` (``megatron_rl/domains/reward.py``).
+    """
+
     truncated_reward: float | None = None  # reward for truncated responses (None: score as is)
     sandbox_timeout_s: float = 10.0  # wall-time limit per code execution
     sandbox_memory_mb: int = 512  # memory limit per code execution

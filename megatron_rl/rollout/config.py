@@ -39,9 +39,8 @@ class RolloutConfig:
 
     engine: str = "hf"  # registered engine name: 'hf' (transformers), 'vllm', 'sglang'
     max_new_tokens: int = 64  # response length cap, tokens
-    temperature: float = 1.0  # default sampling temperature (the scheduler may set per domain)
     top_p: float = 1.0  # nucleus sampling
-    stop: list[str] = field(default_factory=list)  # stop strings
+    stop: list[str] = field(default_factory=list)  # stop strings (besides the EOS token)
     sync_every: int = 1  # optimizer steps between weight syncs trainer -> engine
     sync_dir: str | None = None  # where HF-layout weights are written for disk sync (None: run dir)
     dtype: Literal["float32", "bfloat16"] = "float32"  # engine compute dtype
@@ -57,8 +56,6 @@ class RolloutConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if not (0 < self.gpu_memory_utilization <= 1):

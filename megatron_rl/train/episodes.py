@@ -65,6 +65,7 @@ def run_episodes(
     n: int,
     max_tokens: int,
     top_p: float,
+    stop: list[str] | None = None,
 ) -> None:
     """Run ``n`` episodes per group and fill ``group.samples`` (in place)."""
     from megatron_rl.train.rollout_phase import Sample
@@ -80,7 +81,13 @@ def run_episodes(
         reqs = [
             GenRequest(
                 list(e.ids),
-                SamplingParams(temperature=temps[gid], top_p=top_p, max_tokens=max_tokens, n=1),
+                SamplingParams(
+                    temperature=temps[gid],
+                    top_p=top_p,
+                    max_tokens=max_tokens,
+                    n=1,
+                    stop=list(stop or []),
+                ),
             )
             for gid, e in active
         ]

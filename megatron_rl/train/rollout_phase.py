@@ -80,6 +80,7 @@ def generate(
     n: int,
     max_tokens: int,
     top_p: float,
+    stop: list[str] | None = None,
 ) -> list[Group]:
     """Send every single-turn group to the engine in one call; multi-turn ones run episodes."""
     groups = [Group(spec, task) for spec, task in zip(specs, tasks, strict=True)]
@@ -88,7 +89,11 @@ def generate(
     requests = []
     for g in single:
         params = SamplingParams(
-            temperature=g.spec.temperature, top_p=top_p, max_tokens=max_tokens, n=n
+            temperature=g.spec.temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            n=n,
+            stop=list(stop or []),
         )
         requests.append(GenRequest(prompt_ids(tokenizer, g.task.prompt), params, tag=g.spec.domain))
     outputs = engine.generate(requests) if requests else []
@@ -106,7 +111,7 @@ def generate(
             for c in outs
         ]
     if multi:
-        run_episodes(engine, tokenizer, domains, multi, n, max_tokens, top_p)
+        run_episodes(engine, tokenizer, domains, multi, n, max_tokens, top_p, stop)
     return groups
 
 
@@ -218,6 +223,7 @@ class RolloutProducer:
             cfg.rl.group_size,
             cfg.rollout.max_new_tokens,
             cfg.rollout.top_p,
+            cfg.rollout.stop,
         )
         t1 = time.time()
         score(groups, self.domains, cfg.rewards.truncated_reward, self.pool)

@@ -98,6 +98,9 @@ def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None
         # off-by-one alignment or stale engine weights (those give errors of 0.1-5 nats).
         assert r["mismatch/logp_abs_max"] < 1e-3
     assert rows[0]["train/grad_norm"] > 0
+    # weight sync on CPU goes through safetensors on local disk (rollout.sync_mode: disk)
+    assert (run / "sync" / "model.safetensors").is_file()
+    assert all(r["sync/write_seconds"] > 0 and r["sync/bytes"] > 0 for r in rows)
     before, _ = hf_io.load_hf(setup_dir / "model")
     after, _ = hf_io.load_hf(run / "checkpoints" / "step_000001" / "hf")
     changed = sum(not torch.equal(before[k], after[k]) for k in before)

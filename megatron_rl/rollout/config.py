@@ -43,6 +43,7 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)  # stop strings (besides the EOS token)
     sync_every: int = 1  # optimizer steps between weight syncs trainer -> engine
     sync_dir: str | None = None  # where HF-layout weights are written for disk sync (None: run dir)
+    sync_mode: Literal["disk", "memory"] = "disk"  # embedded engines: safetensors file or tensors
     dtype: Literal["float32", "bfloat16"] = "float32"  # engine compute dtype
     max_batch: int = 256  # most sequences the engine decodes at once
     kv_cache_gb: float = 2.0  # vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB (whole)

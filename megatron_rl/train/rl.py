@@ -89,7 +89,9 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         if (step + 1) % cfg.rollout.sync_every == 0:
             with t("sync"):
                 producer.wait()
-                metrics.update(sync_weights(engine, rt.policy.hf_state_dict()))
+                sync_dir = cfg.rollout.sync_dir or rt.run_dir / "sync"
+                sd = rt.policy.hf_state_dict()
+                metrics.update(sync_weights(engine, sd, cfg.rollout.sync_mode, sync_dir))
                 producer.synced()
         # 7. evaluate held-out tasks, then checkpoint
         if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:

@@ -34,6 +34,7 @@ ROOT = HERE.parent
 OUT = HERE / "out"
 RESULTS = HERE / "results.json"
 README = HERE / "README.md"
+TOP_README = ROOT / "README.md"  # the project README carries the headline table
 MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -198,16 +199,58 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _get(results: dict[str, Any], path: str) -> Any:
+    node: Any = results
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+HEADLINES = [  # (label, key in results.json) for the top-level README's table
+    ("RL vs TRL: step time megatron-rl / TRL", "rl_vs_trl.step_time_ratio"),
+    ("RL vs TRL: held-out accuracy, megatron-rl", "rl_vs_trl.accuracy.megatron_rl"),
+    ("RL vs TRL: held-out accuracy, TRL", "rl_vs_trl.accuracy.trl"),
+    ("rollout 100M: hf engine / transformers generate", "rollout.ratio_vs_transformers.100m/hf"),
+    ("rollout 100M: vLLM CPU / transformers generate", "rollout.ratio_vs_transformers.100m/vllm"),
+    ("training step MFU, tiny model", "train.mfu.tiny"),
+    ("training step MFU, ~100M model", "train.mfu.100m"),
+    ("weight sync seconds, ~100M model", "weight_sync.seconds.100m"),
+    ("weight sync share of a demo step", "weight_sync.demo_step_fraction"),
+    ("demo step share: generate", "time_split.share.generate"),
+    ("demo step share: train", "time_split.share.train"),
+]
+
+
+def headline(results: dict[str, Any]) -> str:
+    """The short table the top-level README carries (the full one is in results.md)."""
+    meta = results.get("meta", {})
+    lines = [f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
+             f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks); full table: "
+             "benchmarks/results.md.",
+             "", "| benchmark | value |", "|---|---|"]  # fmt: skip
+    for label, key in HEADLINES:
+        val = _get(results, key)
+        if val is not None:
+            lines.append(f"| {label} | {fmt(val)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _replace_between_markers(path: Path, table: str) -> None:
+    if not path.is_file():
+        return
+    text = path.read_text()
+    if MARK_START in text and MARK_END in text:
+        head, rest = text.split(MARK_START, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        path.write_text(f"{head}{MARK_START}\n{table}{MARK_END}{tail}")
+
+
 def write_outputs(results: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
     (HERE / "results.md").write_text(table)
-    if README.is_file():
-        text = README.read_text()
-        if MARK_START in text and MARK_END in text:
-            head, rest = text.split(MARK_START, 1)
-            tail = rest.split(MARK_END, 1)[1]
-            README.write_text(f"{head}{MARK_START}\n{table}{MARK_END}{tail}")
+    _replace_between_markers(README, table)
+    _replace_between_markers(TOP_README, headline(results))
 
 
 def main() -> int:

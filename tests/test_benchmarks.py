@@ -30,7 +30,25 @@ def run_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(m, "RESULTS", tmp_path / "results.json")
     monkeypatch.setattr(m, "HERE", tmp_path)
     monkeypatch.setattr(m, "README", tmp_path / "README.md")
+    monkeypatch.setattr(m, "TOP_README", tmp_path / "TOP_README.md")
     return m
+
+
+def test_headline_table_goes_between_the_top_readme_markers(run_all: Any, tmp_path: Path) -> None:
+    top = tmp_path / "TOP_README.md"
+    top.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
+    results = {
+        "meta": {"date": "d", "cores": 2, "total_s": 10.0},
+        "rl_vs_trl": {"step_time_ratio": 0.5, "accuracy": {"megatron_rl": 0.4}},
+    }
+    run_all.write_outputs(results)
+    text = top.read_text()
+    assert "old" not in text and text.startswith("intro") and text.endswith("rest\n")
+    assert "| RL vs TRL: step time megatron-rl / TRL | 0.5 |" in text
+    assert (
+        "held-out accuracy, megatron-rl | 0.4 |" in text
+        and "TRL | " not in text.split("megatron-rl | 0.4 |")[1]
+    )
 
 
 def script(tmp_path: Path, name: str, body: str) -> str:

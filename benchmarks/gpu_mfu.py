@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import make_batches, matmul_params, step_flops  # noqa: E402
+from train_step import time_training  # noqa: E402
 
 MODEL = dict(
     num_layers=24,
@@ -54,38 +54,10 @@ def measured_peak(n: int, reps: int = 10) -> float:
 
 
 def train_mfu(args: argparse.Namespace) -> dict[str, Any]:
-    from megatron_rl.model.config import ModelConfig, ParallelConfig
-    from megatron_rl.model.parallel import destroy_distributed, init_distributed
-    from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import TrainConfig
+    from megatron_rl.model.config import ModelConfig
 
     cfg = ModelConfig(**MODEL)  # type: ignore[arg-type]
-    info = init_distributed(ParallelConfig(), seed=0, model=cfg)
-    policy = Policy(cfg, info, TrainConfig(lr=1e-5))
-    batches = make_batches(cfg, args.seqs, args.seq_len, args.micro_batch_tokens)
-    tokens = sum(b.num_tokens for b in batches)
-
-    def loss_fn(batch: Any, logprobs: torch.Tensor, entropy: torch.Tensor) -> Any:
-        return -(logprobs * batch.loss_mask.to(logprobs.device)).sum() / tokens, {}
-
-    times = []
-    for _ in range(args.steps + 1):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        policy.forward_backward(batches, loss_fn)
-        policy.optimizer_step(1e-5)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    destroy_distributed()
-    step_s = sum(times[1:]) / args.steps
-    flops = step_flops(cfg, [args.seq_len] * args.seqs)
-    return {
-        "params": matmul_params(cfg) + cfg.hidden_size * cfg.vocab_size,
-        "tokens_per_step": tokens,
-        "step_s": step_s,
-        "tokens_per_s": tokens / step_s,
-        "achieved_flops": flops / step_s,
-    }
+    return time_training(cfg, args, lr=1e-5, sync=torch.cuda.synchronize)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,26 +98,35 @@ def make_batches(cfg: Any, n_seqs: int, seq_len: int, budget: int) -> list[Any]:
     return batches
 
 
-def bench_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    from megatron_rl.model.config import ModelConfig, ParallelConfig
+def time_training(
+    cfg: Any, args: argparse.Namespace, lr: float, sync: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Time ``args.steps`` Policy training steps (after one warm-up) of model ``cfg``.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called around each step on an accelerator.
+    """
+    from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
     from megatron_rl.model.policy import Policy
     from megatron_rl.train.config import TrainConfig
 
-    cfg = ModelConfig(**SIZES[name])
     info = init_distributed(ParallelConfig(), seed=0, model=cfg)
-    policy = Policy(cfg, info, TrainConfig(lr=1e-4))
+    policy = Policy(cfg, info, TrainConfig(lr=lr))
     batches = make_batches(cfg, args.seqs, args.seq_len, args.micro_batch_tokens)
     total_tokens = sum(b.num_tokens for b in batches)
 
     def loss_fn(batch: Any, logprobs: torch.Tensor, entropy: torch.Tensor) -> Any:
-        return -(logprobs * batch.loss_mask).sum() / total_tokens, {}
+        return -(logprobs * batch.loss_mask.to(logprobs.device)).sum() / total_tokens, {}
 
     times = []
     for _ in range(args.steps + 1):  # first step is warm-up
+        if sync is not None:
+            sync()
         t0 = time.perf_counter()
         policy.forward_backward(batches, loss_fn)
-        policy.optimizer_step(1e-4)
+        policy.optimizer_step(lr)
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - t0)
     destroy_distributed()
     step_s = sum(times[1:]) / args.steps
@@ -128,6 +138,12 @@ def bench_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_s": total_tokens / step_s,
         "achieved_flops": flops / step_s,
     }
+
+
+def bench_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from megatron_rl.model.config import ModelConfig
+
+    return time_training(ModelConfig(**SIZES[name]), args, lr=1e-4)
 
 
 def main() -> None:

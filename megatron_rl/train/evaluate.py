@@ -32,6 +32,13 @@ class EvalResult:
     def mean(self) -> float:
         return sum(self.accuracy.values()) / max(1, len(self.accuracy))
 
+    def metrics(self) -> dict[str, float]:
+        """``eval/<domain>/accuracy``, ``eval/mean_accuracy`` and ``eval/verifier_errors``."""
+        out = {f"eval/{k}/accuracy": v for k, v in self.accuracy.items()}
+        out["eval/mean_accuracy"] = self.mean
+        out["eval/verifier_errors"] = float(self.verifier_errors)
+        return out
+
 
 def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | None:
     """``domain.verify`` that never raises: a failure is logged with its input, None returned."""

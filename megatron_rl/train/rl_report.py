@@ -74,9 +74,7 @@ def run_eval(
         cfg.rollout.max_new_tokens,
         level=cfg.domains.level,
     )
-    metrics = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
-    metrics["eval/mean_accuracy"] = res.mean
-    metrics["eval/verifier_errors"] = float(res.verifier_errors)
+    metrics = res.metrics()
     for name, acc in res.accuracy.items():
         if monitor is not None:
             monitor.observe_eval(max(step, 0), name, acc)

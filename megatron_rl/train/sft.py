@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.config import RunConfig
-from megatron_rl.domains import load_domains
+from megatron_rl.domains import Domain, load_domains
 from megatron_rl.model.tokenizer import eos_id, prompt_ids
 from megatron_rl.rollout.base import build_engine
 from megatron_rl.train.evaluate import evaluate
@@ -98,11 +98,10 @@ def sft_step(rt: Runtime, examples: list[Example], step: int) -> dict[str, float
     }
 
 
-def run_eval(rt: Runtime, step: int, engine: Any) -> dict[str, float]:
+def run_eval(rt: Runtime, step: int, engine: Any, domains: dict[str, Domain]) -> dict[str, float]:
     """Sync the policy into the engine and measure held-out accuracy per domain."""
     cfg = rt.cfg
     engine.update_weights(rt.policy.hf_state_dict())
-    domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
     res = evaluate(
         engine,
         rt.tokenizer,
@@ -112,8 +111,7 @@ def run_eval(rt: Runtime, step: int, engine: Any) -> dict[str, float]:
         cfg.rollout.max_new_tokens,
         level=cfg.domains.level,
     )
-    out = {f"eval/{k}/accuracy": v for k, v in res.accuracy.items()}
-    out["eval/mean_accuracy"] = res.mean
+    out = res.metrics()
     rt.tracker.log(step, out)
     return out
 
@@ -128,22 +126,23 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     log.info("SFT on %d examples, %d steps of %d", len(examples), cfg.train.steps, bs)
     engine_dir = export_hf(rt, rt.run_dir / "engine_init")
     engine = build_engine(cfg.rollout, str(engine_dir), cfg.seed) if rt.is_main else None
+    eval_domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
     t_start = time.time()
     bar = tqdm(
         range(rt.start_step, cfg.train.steps), disable=not (rt.is_main and cfg.tracking.progress)
     )
     for step in bar:
-        pos = (step * bs) % len(examples)
-        batch = (examples + examples)[pos : pos + bs]
+        pos = step * bs  # the data position: a fixed permutation, cycled
+        batch = [examples[(pos + i) % len(examples)] for i in range(bs)]
         metrics = sft_step(rt, batch, step)
         rt.tracker.log(step, metrics)
         bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
         last = step == cfg.train.steps - 1
         if engine is not None and cfg.sft.eval_every and (step + 1) % cfg.sft.eval_every == 0:
-            run_eval(rt, step, engine)
+            run_eval(rt, step, engine, eval_domains)
         if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
             save_checkpoint(rt, step, {"data_position": (step + 1) * bs})
-    final = run_eval(rt, cfg.train.steps, engine) if engine is not None else {}
+    final = run_eval(rt, cfg.train.steps, engine, eval_domains) if engine is not None else {}
     out_dir = export_hf(rt, rt.run_dir / "hf")
     summary = {
         "eval_accuracy": {

@@ -277,8 +277,9 @@ def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelCon
     return sd, cfg
 
 
-def _shard_plan(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:
-    """Group tensor names (in order) into files of at most ``max_shard_bytes`` each."""
+def group_by_bytes(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:
+    """Group tensor names, in order, into runs of at most ``max_shard_bytes`` each (a bigger
+    tensor gets a run of its own): safetensors shards here, NCCL buckets in weight sync."""
     plan: list[list[str]] = [[]]
     size = 0
     for name, t in sd.items():
@@ -292,7 +293,7 @@ def _shard_plan(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:
 
 
 def _write_hf_weights(d: Path, sd: dict[str, Tensor], max_shard_bytes: int) -> None:
-    plan = _shard_plan(sd, max_shard_bytes)
+    plan = group_by_bytes(sd, max_shard_bytes)
     if len(plan) == 1:
         _save_safetensors(d / "model.safetensors", sd)
         return

@@ -405,16 +405,10 @@ class DistributedWeightSync:
 
     def buckets(self, state: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:
         """Consecutive groups of tensors of at most ``bucket_mb`` MiB (a bigger tensor alone)."""
-        limit = self.cfg.bucket_mb * 2**20
-        out: list[list[tuple[str, Tensor]]] = [[]]
-        size = 0
-        for name, t in state.items():
-            nbytes = t.numel() * t.element_size()
-            if out[-1] and size + nbytes > limit:
-                out.append([])
-                size = 0
-            out[-1].append((name, t))
-            size += nbytes
+        from megatron_rl.model.hf_io import group_by_bytes
+
+        plan = group_by_bytes(state, self.cfg.bucket_mb * 2**20)
+        out = [[(name, state[name]) for name in names] for names in plan]
         return [b for b in out if b]
 
     def update(self, state: dict[str, Tensor], version: str) -> float:

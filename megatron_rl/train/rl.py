@@ -62,6 +62,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     )
     for step in bar:
         t = report.Timer()
+        sd = None  # this step's HF state dict, gathered once for the sync and the checkpoint
         # 1. sample tasks from the domain mix, 2. generate n completions per task,
         # 3. score them with each domain's verifier (one step ahead in off-policy mode)
         groups, timing = producer.get(step)
@@ -121,6 +122,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
                     "eval_before": eval_before,
                     "wall_s": time.time() - wall0,
                 },
+                sd,
             )
         if stop.requested:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)

@@ -100,15 +100,25 @@ def _resume(policy: Policy, ckpt: CheckpointManager, path: Path) -> tuple[int, d
     return CheckpointManager.step_of(path) + 1, rank_state.get("trainer", {})
 
 
-def save_checkpoint(rt: Runtime, step: int, trainer_state: dict[str, Any]) -> Path:
-    """Checkpoint after optimizer step ``step``: model, optimizer, RNG, trainer state, config."""
+def save_checkpoint(
+    rt: Runtime,
+    step: int,
+    trainer_state: dict[str, Any],
+    hf_sd: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Checkpoint after optimizer step ``step``: model, optimizer, RNG, trainer state, config.
+
+    ``hf_sd``: the policy's current HF state dict if the caller already gathered it (e.g. for
+    this step's weight sync), so it is not gathered across ranks a second time.
+    """
     rank_state = {
         "model": rt.policy.model_state_shard(),
         "optimizer": rt.policy.optimizer_state(),
         "rng": rng_state(),
         "trainer": trainer_state,
     }
-    hf_sd = rt.policy.hf_state_dict()
+    if hf_sd is None:
+        hf_sd = rt.policy.hf_state_dict()
 
     def write_rank0(tmp: Path) -> None:
         save_config(rt.cfg, tmp / "config.yaml")

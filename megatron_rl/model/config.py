@@ -54,12 +54,15 @@ class ParallelConfig:
     tp: int = 1  # tensor-parallel degree
     pp: int = 1  # pipeline-parallel degree
     cp: int = 1  # context-parallel degree (needs Transformer Engine, GPU only)
+    dp: int = 0  # data-parallel degree; 0: derived (world / (tp * pp * cp)), else must match it
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
 
     def validate(self) -> None:
         for name in ("tp", "pp", "cp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dp < 0:
+            raise ValueError(f"parallel.dp must be >= 0 (0: derived), got {self.dp}")
         from long_context.cp import check_cp_supported
 
         check_cp_supported(self.cp)  # cp > 1 needs Transformer Engine (GPU only)

@@ -32,6 +32,7 @@ already the padded size and TP must divide it (checked with a clear error instea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Literal
 
@@ -308,6 +309,54 @@ def megatron_to_hf(
                 f"for this config: {extra[:5]}"
             )
     return out
+
+
+def stage_part_to_hf(
+    parts: list[dict[str, Tensor]], cfg: ModelConfig, tp: int, pp: int, pp_rank: int
+) -> dict[str, Tensor]:
+    """HF tensors of a *part* of one PP stage: whole units (embedding, layers, final norm/output).
+
+    ``parts[t]`` holds TP rank ``t``'s tensors of those units (the same names on every rank).
+    Used to stream a model out bucket by bucket (``megatron_rl.model.export``) instead of
+    merging every stage at once as :func:`megatron_to_hf` does.
+    """
+    st = _Shards({(t, pp_rank): parts[t] for t in range(tp)}, cfg, tp, pp, pp_rank)
+    out: dict[str, Tensor] = {}
+    if st.has(_EMB):
+        out["model.embed_tokens.weight"] = _cat(st.get(_EMB), 0)
+    for local, i in enumerate(stage_layers(cfg, pp, pp_rank)):
+        if any(k.startswith(f"decoder.layers.{local}.") for k in parts[0]):
+            out.update(_layer_to_hf(st, cfg, local, i))
+    if st.has(_FINAL_NORM):
+        out["model.norm.weight"] = st.one(_FINAL_NORM)
+    if st.has(_OUT):
+        tensors = st.get(_OUT)
+        if not cfg.tie_embeddings:
+            out["lm_head.weight"] = _cat(tensors, 0)
+    extra = st.unused()
+    if extra:
+        raise ValueError(
+            f"Megatron shard of pipeline stage {pp_rank} has tensor(s) with no HF counterpart "
+            f"for this config: {extra[:5]}"
+        )
+    return out
+
+
+def stage_units(names: list[str]) -> list[list[str]]:
+    """A stage's Megatron names in order, grouped into units that convert on their own.
+
+    One unit per transformer layer (``decoder.layers.<i>.*``); every other tensor is its own unit.
+    """
+    units: list[list[str]] = []
+    key_of: dict[str, int] = {}
+    for n in names:
+        m = re.match(r"decoder\.layers\.(\d+)\.", n)
+        key = m.group(0) if m else n
+        if key not in key_of:
+            key_of[key] = len(units)
+            units.append([])
+        units[key_of[key]].append(n)
+    return units
 
 
 def hf_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

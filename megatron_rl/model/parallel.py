@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,7 @@ class DistInfo:
 
 
 _info: dict[str, DistInfo] = {}
+_control: dict[str, object] = {}  # the CPU (gloo) control-plane group, see control_group()
 
 
 def have_transformer_engine() -> bool:
@@ -66,7 +68,13 @@ def have_transformer_engine() -> bool:
 def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfig | None) -> None:
     """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes."""
     parallel.validate()
-    tp, pp, cp = parallel.tp, parallel.pp, parallel.cp
+    tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
+    if dp and dp * tp * pp * cp != world_size:
+        raise ValueError(
+            f"parallel.dp * parallel.tp * parallel.pp * parallel.cp = {dp} * {tp} * {pp} * {cp} "
+            f"= {dp * tp * pp * cp} is not the world size {world_size}; "
+            "set parallel.dp=0 (derived) or sizes whose product is the world size"
+        )
     if world_size % (tp * pp * cp):
         raise ValueError(
             f"world size {world_size} is not divisible by parallel.tp * parallel.pp * parallel.cp "
@@ -120,6 +128,7 @@ def init_distributed(
     if "info" in _info and not (dist.is_initialized() and mpu.model_parallel_is_initialized()):
         # someone else tore the process group down (e.g. an in-process vLLM engine's shutdown)
         _info.pop("info")
+        _control.pop("group", None)
         if mpu.model_parallel_is_initialized():
             mpu.destroy_model_parallel()
     if "info" in _info:
@@ -166,8 +175,22 @@ def init_distributed(
         device=device,
         backend=backend,
     )
+    _control["group"] = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
     _info["info"] = info
     return info
+
+
+def control_group() -> Any:
+    """A gloo group over the whole world for the control plane (pickled objects, CPU tensors).
+
+    The RL controller ships batches and decisions over it, and the weight export streams buckets
+    to rank 0 over it, so neither needs CUDA tensors when the training backend is NCCL. With a
+    gloo default backend it is the default group. Created by :func:`init_distributed` on every
+    rank (``new_group`` is collective).
+    """
+    if "group" not in _control:
+        raise RuntimeError("control_group() needs init_distributed() first")
+    return _control["group"]
 
 
 def destroy_distributed(keep_process_group: bool = False) -> None:
@@ -179,6 +202,9 @@ def destroy_distributed(keep_process_group: bool = False) -> None:
     from megatron.core import parallel_state as mpu
 
     _info.pop("info", None)
+    if _control.get("group") not in (None, dist.group.WORLD) and dist.is_initialized():
+        dist.destroy_process_group(_control["group"])  # type: ignore[arg-type]
+    _control.pop("group", None)
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()
     if dist.is_initialized() and not keep_process_group:

@@ -350,17 +350,14 @@ class Policy:
                     state["step"] = state["step"].clone()
 
     def hf_state_dict(self) -> dict[str, Tensor]:
-        """The full model in HF Llama/Qwen2 layout, on every rank (CPU tensors)."""
-        mine = {k: v.cpu() for k, v in self.model_state_shard().items()}
-        d = self.dist
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (d.dp_rank, d.cp_rank, d.tp_rank, d.pp_rank, mine))
-        shards = {
-            (tp_rank, pp_rank): sd
-            for dp_rank, cp_rank, tp_rank, pp_rank, sd in gathered
-            if dp_rank == 0 and cp_rank == 0
-        }
-        return convert.megatron_to_hf(shards, self.cfg, d.tp, d.pp)
+        """The full model in HF Llama/Qwen2 layout on global rank 0 (CPU tensors); ``{}`` elsewhere.
+
+        Collective: every rank calls it. Streams stage by stage, bucket by bucket, gathering only
+        over TP inside each PP stage (``megatron_rl.model.export``), never over the world.
+        """
+        from megatron_rl.model.export import gather_hf
+
+        return gather_hf(self)
 
     def load_hf_state_dict(self, hf_sd: dict[str, Tensor]) -> None:
         """Load this rank's share of a full HF-layout state dict (every rank passes the same)."""

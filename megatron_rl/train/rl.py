@@ -1,134 +1,94 @@
 """The RL loop: sample tasks -> generate -> score -> advantages -> train -> sync -> eval -> save.
 
-This file reads like the algorithm; every stage lives in its own module:
-scheduler (``megatron_rl/scheduler``), generation and scoring (``rollout_phase``), advantages and
-the loss (``rl_step``), weight sync (``megatron_rl/rollout/weight_sync``), evaluation
-(``evaluate``), checkpoints (``runtime``). Re-running the same command resumes from the newest
-checkpoint, the W&B run included. SIGTERM/SIGUSR1 (Slurm preemption) checkpoints at the end of
-the current step and exits so the job can be requeued.
+This file reads like the algorithm; every stage lives in its own module: the controller
+(``controller``: scheduler, generation and scoring via ``rollout_phase``, advantages, evals,
+logging), the data plane between it and the trainer ranks (``dist_batches``), the loss and the
+optimizer step (``rl_step``), the weight export (``megatron_rl/model/export``) and checkpoints
+(``runtime``). Under torchrun, global rank 0 is the one controller and every rank (rank 0 too)
+trains on its data-parallel share; docs/distributed.md has the table of who does what.
+Re-running the same command resumes from the newest checkpoint, the W&B run included.
+SIGTERM/SIGUSR1 (Slurm preemption) on any rank checkpoints at the end of the current step and
+exits so the job can be requeued.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import os
 from typing import Any
 
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
-from megatron_rl.domains import load_domains
-from megatron_rl.rewards.monitor import RewardHackingMonitor
-from megatron_rl.rollout.weight_sync import sync_weights
-from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
-from megatron_rl.train.rl_step import build_batches, train_step
-from megatron_rl.train.rollout_phase import RolloutProducer, rollout_metrics
-from megatron_rl.train.runtime import save_checkpoint, setup_run
+from megatron_rl.train.controller import Controller
+from megatron_rl.train.dist_batches import (
+    agree_any,
+    check_lockstep,
+    check_rl_layout,
+    rank_to_dp,
+    ship,
+)
+from megatron_rl.train.rl_step import train_step
+from megatron_rl.train.runtime import export_hf, save_checkpoint, setup_run
 
 log = logging.getLogger(__name__)
 
 
 def train_rl(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) RL training; returns the summary also written to summary.json."""
+    check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
     rt = setup_run(cfg, "rl")
-    domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
-    if not domains:
-        raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
-    sched = DomainScheduler(
-        cfg.scheduler,
-        [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in domains.values()],
-        cfg.seed,
-    )
-    state = dict(rt.resumed_state)
-    if state:
-        sched.load_state_dict(state["scheduler"])
-    cursor: dict[str, int] = state.get("cursor", {})
-    engine = report.start_engine(rt)
+    engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
+    ctl = Controller(rt, engine_dir) if rt.is_main else None  # the only engine and scheduler
     ref = report.build_reference(rt)
-    monitor = RewardHackingMonitor.from_config(cfg.rewards)
-    eval_before = state.get("eval_before") or report.run_eval(
-        rt, engine, domains, sched, -1, monitor
-    )
-    wall0 = time.time() - state.get("wall_s", 0.0)
+    dp_of = rank_to_dp(rt.dist)
     stop = report.PreemptionFlag()
-    producer = RolloutProducer(engine, rt.tokenizer, domains, sched, cursor, cfg)
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),
         desc="rl",
-        disable=not rt.is_main or not cfg.tracking.progress,
+        disable=ctl is None or not cfg.tracking.progress,
         initial=rt.start_step,
         total=cfg.train.steps,
     )
     for step in bar:
         t = report.Timer()
         sd = None  # this step's HF state dict, gathered once for the sync and the checkpoint
-        # 1. sample tasks from the domain mix, 2. generate n completions per task,
-        # 3. score them with each domain's verifier (one step ahead in off-policy mode)
-        groups, timing = producer.get(step)
-        t.spent.update(generate=timing["generate"], score=timing["score"])
-        metrics = {**engine.stats, **getattr(engine, "metrics", {})}  # tokens; SGLang retries
-        metrics.update(report.monitor_step(rt, monitor, step, groups))
-        results = [g.result() for g in groups]
-        events = sched.observe(step, results)
-        kept = sched.select(results, cfg.rl.prompts_per_step)
-        if cfg.scheduler.filter_zero_variance:  # refill ran out: train on fewer, not on noise
-            kept = [i for i in kept if not results[i].zero_variance]
-        # 4. advantages + 5. train on packed sequences
-        batches, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens
-        )
-        metrics.update({**rollout_metrics(groups, kept), **adv_stats})
-        metrics["rollout/staleness"] = timing["staleness"]
+        # 1. sample, 2. generate, 3. score, 4. advantages + DP partition: on the controller only
+        shares, norm, metrics = ctl.rollout(step, t) if ctl else (None, 0.0, {})
+        work = ship(shares, norm, rt.dist, dp_of)  # each rank its DP share
+        check_lockstep(work.batches, rt.dist, dp_of)  # identical inside every TP/PP/CP group
+        # 5. train on packed sequences (every rank, its own share)
         with t("train"):
-            if batches:
-                ref_lp = report.reference_logprobs(ref, batches)
-                metrics.update(train_step(rt.policy, cfg, batches, step, ref_lp))
-            else:
-                rt.tracker.event(step, "empty_batch", groups=len(groups))
-        # 6. sync weights trainer -> engine
+            if work.train:
+                ref_lp = report.reference_logprobs(ref, work.batches)
+                metrics.update(
+                    train_step(rt.policy, cfg, work.batches, step, ref_lp, work.normalizer)
+                )
+        # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket
         if (step + 1) % cfg.rollout.sync_every == 0:
             with t("sync"):
-                producer.wait()
-                sync_dir = cfg.rollout.sync_dir or rt.run_dir / "sync"
                 sd = rt.policy.hf_state_dict()
-                metrics.update(sync_weights(engine, sd, cfg.rollout.sync_mode, sync_dir))
-                producer.synced()
-        # 7. evaluate held-out tasks, then checkpoint
-        if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
-            with t("eval"):
-                metrics.update(
-                    report.run_eval(rt, engine, domains, sched, step, monitor)["metrics"]
-                )
-        for e in events:
-            rt.tracker.event(step, e.pop("event", "scheduler"), **e)
-        metrics.update(sched.metrics())
-        metrics.update(t.metrics(metrics))
-        rt.tracker.log(step, metrics)
-        report.log_samples(rt, step, groups)
-        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
-        last = step == cfg.train.steps - 1
-        if (
-            last
-            or stop.requested
-            or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0)
-        ):
-            save_checkpoint(
-                rt,
-                step,
-                {
-                    "scheduler": sched.state_dict(),
-                    "cursor": cursor,
-                    "eval_before": eval_before,
-                    "wall_s": time.time() - wall0,
-                },
-                sd,
-            )
-        if stop.requested:
+                if ctl:
+                    metrics.update(ctl.sync(sd))
+        # 7. evaluate held-out tasks and log (controller), then checkpoint (every rank)
+        if ctl:
+            ctl.end_step(step, metrics, t)
+            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
+        stopping = agree_any(stop.requested)
+        every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
+        if step == cfg.train.steps - 1 or stopping or every:
+            save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
+        if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
-            producer.close()
-            return report.finish(rt, engine, {"completed": False, "preempted_at": step})
-    producer.close()
-    eval_after = report.run_eval(rt, engine, domains, sched, cfg.train.steps, monitor)
-    summary = report.summarize(rt, eval_before, eval_after, time.time() - wall0)
-    return report.finish(rt, engine, summary)
+            return _finish(rt, ctl, step)
+    return _finish(rt, ctl, None)
+
+
+def _finish(rt: Any, ctl: Controller | None, preempted_at: int | None) -> dict[str, Any]:
+    """The controller's final eval and summary; trainer ranks only close their tracker."""
+    if ctl is not None:
+        return ctl.finish(preempted_at)
+    rt.tracker.finish()
+    done = preempted_at is None
+    return {"completed": done, **({} if done else {"preempted_at": preempted_at})}

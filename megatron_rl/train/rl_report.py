@@ -7,6 +7,7 @@ import logging
 import signal
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,9 +25,8 @@ from megatron_rl.train.runtime import Runtime, export_hf
 log = logging.getLogger(__name__)
 
 
-def start_engine(rt: Runtime) -> RolloutEngine:
-    """Export the current policy in HF layout and start the configured engine on it."""
-    weights = export_hf(rt, rt.run_dir / "engine_weights")
+def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
+    """Start the configured engine on HF-layout weights (the controller's, global rank 0 only)."""
     t0 = time.time()
     engine = build_engine(rt.cfg.rollout, str(weights), rt.cfg.seed)
     log.info("rollout engine %r ready in %.1f s", rt.cfg.rollout.engine, time.time() - t0)
@@ -43,7 +43,9 @@ def build_reference(rt: Runtime) -> Policy | None:
     # the reference is the run's starting point: the HF checkpoint, or the exported random init
     src = rt.cfg.model.hf_path or str(rt.run_dir / "reference_init")
     if not rt.cfg.model.hf_path and rt.start_step == 0:
-        export_hf(rt, src)
+        export_hf(rt, src)  # collective; rank 0 writes, every rank then reads it
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
     sd, _ = hf_io.load_hf(src)
     ref.load_hf_state_dict(sd)
     return ref

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from long_context.packing import PackedBatch, budget_bins, pack
+from long_context.packing import PackedBatch
 from megatron_rl.train.advantages import compute_advantages
+from megatron_rl.train.dist_batches import dp_reduce, pack_shares
 from megatron_rl.train.losses import rl_loss, step_normalizer
 from megatron_rl.train.optim import lr_at
 from megatron_rl.train.rollout_phase import Group
@@ -34,9 +35,14 @@ def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 
 def build_batches(
-    groups: list[Group], kept: list[int], estimator: str, budget: int
-) -> tuple[list[PackedBatch], dict[str, float]]:
-    """Packed micro-batches of the kept groups' samples, with advantages and engine log-probs."""
+    groups: list[Group], kept: list[int], estimator: str, budget: int, dp: int = 1
+) -> tuple[list[list[PackedBatch]], dict[str, float]]:
+    """Per DP rank, packed micro-batches of its kept groups, with advantages and engine log-probs.
+
+    Advantages are computed once over all kept groups; the groups are then split over ``dp``
+    ranks balanced by tokens (``dist_batches.pack_shares``: a group stays whole; ranks short of
+    micro-batches get zero-weight ones).
+    """
     seqs, masks, adv, rlp = [], [], [], []
     rewards = torch.tensor(
         [[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64
@@ -49,18 +55,17 @@ def build_batches(
             masks.append([0.0] * p + s.response_mask)
             adv.append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
             rlp.append([0.0] * p + s.rollout_logprobs)
-    bins = budget_bins([len(x) for x in seqs], budget)
-    batches = [
-        pack(
-            [seqs[i] for i in b],
-            [masks[i] for i in b],
-            seq_ids=b,
-            extras={"adv": [adv[i] for i in b], "rollout_lp": [rlp[i] for i in b]},
-        )
-        for b in bins
-    ]
+    extras = {"adv": adv, "rollout_lp": rlp}
+    sizes = [len(groups[i].samples) for i in kept]
+    shares = pack_shares(seqs, masks, extras, sizes, dp, budget)
     stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
-    return batches, stats
+    return shares, stats
+
+
+def global_normalizer(shares: list[list[PackedBatch]], agg: str) -> float:
+    """The step's loss normaliser over every DP share (tokens or sequences, by ``rl.loss_agg``)."""
+    masks = [to_padded(b.loss_mask, b.cu_seqlens) for s in shares for b in s]
+    return step_normalizer(masks, agg)  # type: ignore[arg-type]
 
 
 def train_step(
@@ -69,10 +74,21 @@ def train_step(
     batches: list[PackedBatch],
     step: int,
     ref_logprobs: list[torch.Tensor] | None = None,
+    normalizer: float | None = None,
 ) -> dict[str, float]:
-    """Forward/backward over the micro-batches and one optimizer step; returns metrics."""
+    """Forward/backward over this rank's micro-batches and one optimizer step; returns metrics.
+
+    ``normalizer``: the step's loss normaliser summed over every DP share (the controller's
+    ``global_normalizer``); None: this rank's batches are the whole step. Megatron DDP averages
+    gradients over DP, so each rank's loss is scaled by the DP size: DP=k then gives the gradient
+    of one rank training on all k shares. Metrics are reduced over DP (sums summed, maxima maxed)
+    and are the same on every rank.
+    """
     rl = cfg.rl
-    norm = step_normalizer([to_padded(b.loss_mask, b.cu_seqlens) for b in batches], rl.loss_agg)
+    dp = policy.dist.dp
+    norm = normalizer
+    if norm is None:
+        norm = global_normalizer([batches], rl.loss_agg)
     for b, ref in zip(batches, ref_logprobs or [], strict=False):
         b.extras["ref_lp"] = ref.detach().float()  # travels with the batch to the last stage
 
@@ -98,18 +114,23 @@ def train_step(
         m["mismatch_sum"] = float(diff.sum())
         m["mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
         m["tokens"] = float(b.loss_mask.sum())
-        return loss, m
+        return loss * dp, m
 
     t0 = time.time()
     outs = policy.forward_backward(batches, loss_fn)
-    loss = sum(o["loss"] for o in outs)
+    sums = {k: sum(o[k] for o in outs) for k in outs[0] if k.startswith("loss/")} if outs else {}
+    sums.update(
+        loss=sum(o["loss"] for o in outs) / dp,
+        tokens=sum(o["tokens"] for o in outs),
+        mismatch_sum=sum(o["mismatch_sum"] for o in outs),
+        packed_tokens=float(sum(b.num_tokens for b in batches if b.seq_ids)),
+    )
+    maxes = {"mismatch_max": max((o["mismatch_max"] for o in outs), default=0.0)}
+    red = dp_reduce(sums, maxes, policy.dist)
+    loss = red["loss"]  # the same on every rank, so every rank skips or steps alike
     opt = policy.optimizer_step(lr_at(step, cfg.train)) if math.isfinite(loss) else _skip(policy)
     dt = time.time() - t0
-    tokens = sum(o["tokens"] for o in outs)
-    metrics: dict[str, float] = {}
-    for key in outs[0] if outs else []:
-        if key.startswith("loss/"):
-            metrics[key] = sum(o[key] for o in outs)
+    metrics = {k: v for k, v in red.items() if k.startswith("loss/")}
     metrics.update(
         {
             "loss/total": loss,
@@ -117,11 +138,11 @@ def train_step(
             "train/lr": opt["lr"],
             "train/skipped_steps": opt["skipped"],
             "train/nan_loss": float(not math.isfinite(loss)),
-            "mismatch/logp_abs_mean": sum(o["mismatch_sum"] for o in outs) / max(tokens, 1.0),
-            "mismatch/logp_abs_max": max((o["mismatch_max"] for o in outs), default=0.0),
+            "mismatch/logp_abs_mean": red["mismatch_sum"] / max(red["tokens"], 1.0),
+            "mismatch/logp_abs_max": red["mismatch_max"],
             "perf/train_s": dt,
-            "perf/trained_tokens_per_s": sum(b.num_tokens for b in batches) / max(dt, 1e-9),
-            "train/response_tokens": tokens,
+            "perf/trained_tokens_per_s": red["packed_tokens"] / max(dt, 1e-9),
+            "train/response_tokens": red["tokens"],
         }
     )
     return metrics

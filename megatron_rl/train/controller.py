@@ -1,0 +1,129 @@
+"""The RL controller: global rank 0's half of every step (see docs/distributed.md).
+
+One process, global rank 0, owns everything that talks to the outside or decides what to train
+on: the rollout engine (or the SGLang router client), the domain scheduler and task cursors, the
+verifier pool, the reward-hacking monitor, the evals, the tracker and the samples log. Per step
+it plans, generates, scores, selects and computes advantages once, splits the kept groups over
+the DP ranks by tokens (``rl_step.build_batches``) and hands the shares to
+``dist_batches.ship``. Trainer ranks (every rank, rank 0 included) then train on their share;
+rank 0 receives the streamed HF weights and pushes them to the engine.
+
+No other rank builds an engine, opens a server connection, runs the scheduler or writes a shared
+file. The controller's state (scheduler, cursors, eval baseline, wall time) goes into rank 0's
+checkpoint file only; its RNG state is rank 0's, saved with every rank's as before.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from long_context.packing import PackedBatch
+from megatron_rl.domains import load_domains
+from megatron_rl.rewards.monitor import RewardHackingMonitor
+from megatron_rl.rollout.weight_sync import sync_weights
+from megatron_rl.scheduler import DomainInfo, DomainScheduler
+from megatron_rl.train import rl_report as report
+from megatron_rl.train.rl_step import build_batches, global_normalizer
+from megatron_rl.train.rollout_phase import Group, RolloutProducer, rollout_metrics
+from megatron_rl.train.runtime import Runtime
+
+
+class Controller:
+    """Rollout, scoring, selection, advantages, DP partition, weight push, evals and logging."""
+
+    def __init__(self, rt: Runtime, engine_dir: Path) -> None:
+        cfg = rt.cfg
+        self.rt, self.cfg = rt, cfg
+        self.domains = load_domains(
+            cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files
+        )
+        if not self.domains:
+            raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
+        infos = [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags))
+                 for d in self.domains.values()]  # fmt: skip
+        self.sched = DomainScheduler(cfg.scheduler, infos, cfg.seed)
+        state = dict(rt.resumed_state)
+        if state:
+            self.sched.load_state_dict(state["scheduler"])
+        self.cursor: dict[str, int] = state.get("cursor", {})
+        self.engine = report.start_engine(rt, engine_dir)
+        self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
+        self.eval_before = state.get("eval_before") or self.evaluate(-1)
+        self.wall0 = time.time() - state.get("wall_s", 0.0)
+        self.producer = RolloutProducer(
+            self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg
+        )
+        self.groups: list[Group] = []
+        self.events: list[dict[str, Any]] = []
+
+    def rollout(
+        self, step: int, t: report.Timer
+    ) -> tuple[list[list[PackedBatch]], float, dict[str, float]]:
+        """Steps 1-4 once for the whole world: per-DP-rank micro-batches, normaliser, metrics."""
+        cfg = self.cfg
+        # 1. sample tasks from the domain mix, 2. generate n completions per task,
+        # 3. score them with each domain's verifier (one step ahead in off-policy mode)
+        groups, timing = self.producer.get(step)
+        t.spent.update(generate=timing["generate"], score=timing["score"])
+        metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
+        metrics.update(report.monitor_step(self.rt, self.monitor, step, groups))
+        results = [g.result() for g in groups]
+        self.events = self.sched.observe(step, results)
+        kept = self.sched.select(results, cfg.rl.prompts_per_step)
+        if cfg.scheduler.filter_zero_variance:  # refill ran out: train on fewer, not on noise
+            kept = [i for i in kept if not results[i].zero_variance]
+        # 4. advantages, then the kept groups split over the DP ranks by tokens
+        shares, adv_stats = build_batches(
+            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp
+        )
+        metrics.update({**rollout_metrics(groups, kept), **adv_stats})
+        metrics["rollout/staleness"] = timing["staleness"]
+        if not kept:
+            self.rt.tracker.event(step, "empty_batch", groups=len(groups))
+        self.groups = groups
+        return shares, global_normalizer(shares, cfg.rl.loss_agg), metrics
+
+    def sync(self, hf_sd: dict[str, Any]) -> dict[str, float]:
+        """Push this step's weights to the engine (after a prefetched rollout has finished)."""
+        self.producer.wait()
+        sync_dir = self.cfg.rollout.sync_dir or self.rt.run_dir / "sync"
+        out = sync_weights(self.engine, hf_sd, self.cfg.rollout.sync_mode, sync_dir)
+        self.producer.synced()
+        return out
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        return report.run_eval(self.rt, self.engine, self.domains, self.sched, step, self.monitor)
+
+    def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> None:
+        """7. the periodic eval, then the step's events, metrics and samples."""
+        cfg = self.cfg
+        if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
+            with t("eval"):
+                metrics.update(self.evaluate(step)["metrics"])
+        for e in self.events:
+            self.rt.tracker.event(step, e.pop("event", "scheduler"), **e)
+        metrics.update(self.sched.metrics())
+        metrics.update(t.metrics(metrics))
+        self.rt.tracker.log(step, metrics)
+        report.log_samples(self.rt, step, self.groups)
+
+    def state(self) -> dict[str, Any]:
+        """What the controller checkpoints (once, in rank 0's file)."""
+        return {
+            "scheduler": self.sched.state_dict(),
+            "cursor": self.cursor,
+            "eval_before": self.eval_before,
+            "wall_s": time.time() - self.wall0,
+        }
+
+    def finish(self, preempted_at: int | None) -> dict[str, Any]:
+        """Final eval and summary (or the preemption record); shuts the engine down."""
+        self.producer.close()
+        if preempted_at is not None:
+            return report.finish(self.rt, self.engine, {"completed": False,
+                                                         "preempted_at": preempted_at})  # fmt: skip
+        after = self.evaluate(self.cfg.train.steps)
+        summary = report.summarize(self.rt, self.eval_before, after, time.time() - self.wall0)
+        return report.finish(self.rt, self.engine, summary)

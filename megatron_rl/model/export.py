@@ -72,10 +72,15 @@ def _stage_buckets(policy: Any, bucket_bytes: int) -> Iterator[dict[str, Tensor]
     group = mpu.get_tensor_model_parallel_group()
     for names in _plan(shard, d.tp, bucket_bytes):
         parts = _gather_bucket(shard, names, d.tp, group)
-        if d.tp_rank == 0:
-            hf = convert.stage_part_to_hf(parts, policy.cfg, d.tp, d.pp, d.pp_rank)
+        hf = (
+            convert.stage_part_to_hf(parts, policy.cfg, d.tp, d.pp, d.pp_rank)
+            if d.tp_rank == 0
+            else {}
+        )
+        del parts  # the HF bucket holds what it needs: keep one copy, not two
+        if hf:
             yield hf
-        del parts
+        del hf
 
 
 def hf_buckets(
@@ -100,6 +105,7 @@ def hf_buckets(
                     yield bucket
                 else:
                     dist.send_object_list([bucket], dst=0, group=ctrl)
+                del bucket
             if d.tp_rank == 0 and d.rank != 0:
                 dist.send_object_list([None], dst=0, group=ctrl)  # end of this stage
         elif d.rank == 0:

@@ -99,9 +99,15 @@ def sft_step(rt: Runtime, examples: list[Example], step: int) -> dict[str, float
 
 
 def run_eval(rt: Runtime, step: int, engine: Any, domains: dict[str, Domain]) -> dict[str, float]:
-    """Sync the policy into the engine and measure held-out accuracy per domain."""
+    """Sync the policy into the engine and measure held-out accuracy per domain.
+
+    Every rank calls it (the weight export is collective); only rank 0 has the engine.
+    """
     cfg = rt.cfg
-    engine.update_weights(rt.policy.hf_state_dict())
+    sd = rt.policy.hf_state_dict()
+    if engine is None:
+        return {}
+    engine.update_weights(sd)
     res = evaluate(
         engine,
         rt.tokenizer,
@@ -138,11 +144,11 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
         rt.tracker.log(step, metrics)
         bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
         last = step == cfg.train.steps - 1
-        if engine is not None and cfg.sft.eval_every and (step + 1) % cfg.sft.eval_every == 0:
+        if cfg.sft.eval_every and (step + 1) % cfg.sft.eval_every == 0:
             run_eval(rt, step, engine, eval_domains)
         if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
             save_checkpoint(rt, step, {"data_position": (step + 1) * bs})
-    final = run_eval(rt, cfg.train.steps, engine, eval_domains) if engine is not None else {}
+    final = run_eval(rt, cfg.train.steps, engine, eval_domains)
     out_dir = export_hf(rt, rt.run_dir / "hf")
     summary = {
         "eval_accuracy": {

@@ -4,9 +4,10 @@ Two torchrun launches of ``tests/dist/rl_layouts.py`` (gloo on CPU, real megatro
 HF engine) run 2 RL steps each:
 
 - one process (DP=1) records every ``generate`` call of the one engine;
-- two processes replay those calls (so only the layout differs) under DP=2, TP=2 and PP=2, and a
-  *thin* run in which one group is kept per step (fewer groups than DP ranks; also recorded on
-  one process and replayed on two).
+- two processes replay those calls (so only the layout differs) under DP=2, TP=2 and PP=2;
+- a *thin* run in which one group is kept per step (fewer groups than DP ranks) and an
+  off-policy run (the controller prefetches step t+1 while the ranks train step t), each
+  recorded on one process and replayed on two (DP=2).
 
 The final checkpoints' HF weights must match the single-process run within 1e-5 (fp32). The
 learning rate is small and Adam's epsilon well above fp32 noise in near-zero gradients, as in
@@ -40,7 +41,11 @@ WORKER = ROOT / "tests" / "dist" / "rl_layouts.py"
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-TWO_PROC_RUNS = "dp2/dp1,tp2/dp1:parallel.tp=2,pp2/dp1:parallel.pp=2,thin/thin_ref"
+OFF = "rl.off_policy=true"
+ONE_PROC_RUNS = f"dp1,thin_ref,offpol_ref:{OFF}"
+TWO_PROC_RUNS = (
+    f"dp2/dp1,tp2/dp1:parallel.tp=2,pp2/dp1:parallel.pp=2,thin/thin_ref,offpol/offpol_ref:{OFF}"
+)
 
 
 def base_overrides(d: Path, steps: int = 2) -> list[str]:
@@ -104,7 +109,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(data: Path) -> Path:
     """The 1-process reference launch (recording), then the 2-process launch (replaying)."""
-    for nproc, mode, spec in ((1, "record", "dp1,thin_ref"), (2, "replay", TWO_PROC_RUNS)):
+    for nproc, mode, spec in ((1, "record", ONE_PROC_RUNS), (2, "replay", TWO_PROC_RUNS)):
         args = [
             "--out-dir",
             data / "out",
@@ -196,6 +201,15 @@ def test_thin_step_rank_without_data_trains_zero_weight_batch(runs: Path) -> Non
         assert len(s0["seqs"]) == 4 and s1["seqs"] == [] and s1["zero_batches"] >= 1
     assert max_weight_diff(runs, "thin_ref", "thin") < 1e-5  # the zero batch adds no gradient
     assert max_weight_diff(runs, "thin_ref", "dp1") > 1e-4  # and the thin run did differ
+
+
+def test_off_policy_prefetch_with_two_ranks(runs: Path) -> None:
+    rows = [
+        json.loads(x) for x in (runs / "runs" / "offpol" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["rollout/staleness"] for r in rows if "loss/total" in r] == [0, 1]
+    assert max_weight_diff(runs, "offpol_ref", "offpol") < 1e-5
+    assert max_weight_diff(runs, "offpol_ref", "dp1") > 1e-4  # step 1 trained on stale samples
 
 
 def test_kill_two_rank_run_mid_step_and_resume(data: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ class DistInfo:
 
 _info: dict[str, DistInfo] = {}
 _control: dict[str, object] = {}  # the CPU (gloo) control-plane group, see control_group()
+CONTROL_TIMEOUT = timedelta(hours=6)  # longest a rank waits on the controller (rollout + eval)
 
 
 def have_transformer_engine() -> bool:
@@ -175,7 +177,8 @@ def init_distributed(
         device=device,
         backend=backend,
     )
-    _control["group"] = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    # The controller's evals and rollouts can keep trainer ranks waiting on this group for long.
+    _control["group"] = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     _info["info"] = info
     return info
 
@@ -184,9 +187,10 @@ def control_group() -> Any:
     """A gloo group over the whole world for the control plane (pickled objects, CPU tensors).
 
     The RL controller ships batches and decisions over it, and the weight export streams buckets
-    to rank 0 over it, so neither needs CUDA tensors when the training backend is NCCL. With a
-    gloo default backend it is the default group. Created by :func:`init_distributed` on every
-    rank (``new_group`` is collective).
+    to rank 0 over it, so neither needs CUDA tensors when the training backend is NCCL. Its
+    timeout (``CONTROL_TIMEOUT``) covers a long rollout or eval on the controller while the
+    trainer ranks wait. Created by :func:`init_distributed` on every rank (``new_group`` is
+    collective).
     """
     if "group" not in _control:
         raise RuntimeError("control_group() needs init_distributed() first")
@@ -202,7 +206,7 @@ def destroy_distributed(keep_process_group: bool = False) -> None:
     from megatron.core import parallel_state as mpu
 
     _info.pop("info", None)
-    if _control.get("group") not in (None, dist.group.WORLD) and dist.is_initialized():
+    if _control.get("group") is not None and dist.is_initialized():
         dist.destroy_process_group(_control["group"])  # type: ignore[arg-type]
     _control.pop("group", None)
     if mpu.model_parallel_is_initialized():

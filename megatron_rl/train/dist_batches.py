@@ -12,14 +12,14 @@ advantages are relative to each other) are split over the DP ranks with near-equ
 by ``long_context.balance.assign_ranks`` (Karmarkar-Karp or LPT, whichever spreads less). Each
 share is cut into micro-batches of at most ``budget`` tokens. Ranks get the same number of
 micro-batches: the missing ones, and a whole share when a thin step has fewer groups than DP
-ranks, are zero-weight micro-batches (one pad token, loss mask 0, every extra 0), so every rank
+ranks, are zero-weight micro-batches (one pad token, loss mask 0, each extra as at a real
+sequence's first token: every extra of the step is carried, whatever its name), so every rank
 takes part in the step's collectives and contributes exactly zero gradient.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +43,14 @@ class StepWork:
     info: dict[str, Any] = field(default_factory=dict)  # e.g. {"tokens": per-DP-rank tokens}
 
 
-def zero_batch(extra_keys: Sequence[str], pad_id: int = 0) -> PackedBatch:
-    """A micro-batch that trains nothing: one pad token, loss mask 0, every extra 0."""
+def zero_batch(fill: dict[str, float], pad_id: int = 0) -> PackedBatch:
+    """A micro-batch that trains nothing: one pad token, loss mask 0, extras set to ``fill``.
+
+    ``fill`` gives each extra the value a real sequence has at its first token (a sequence start,
+    like this one), so per-token inputs such as a temperature stay in their valid range.
+    """
     b = dummy_batch(pad_id)
-    b.extras = {k: torch.zeros(1) for k in extra_keys}
+    b.extras = {k: torch.full((1,), float(v)) for k, v in fill.items()}
     return b
 
 
@@ -84,8 +88,9 @@ def pack_shares(
             ]
         )
     most = max(len(s) for s in shares)
+    fill = {k: v[0][0] for k, v in extras.items()}  # what a sequence start carries
     for s in shares:
-        s.extend(zero_batch(list(extras)) for _ in range(most - len(s)))
+        s.extend(zero_batch(fill) for _ in range(most - len(s)))
     return shares
 
 

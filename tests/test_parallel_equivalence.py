@@ -3,7 +3,8 @@
 One two-process torchrun launch runs tests/dist/policy_equivalence.py, which goes through the
 layouts TP=1/PP=1 (so DP=2), TP=2 and PP=2, all from the same seeded HF-layout weights. Each saves
 logits, packed log-probs/entropies, per-micro-batch losses, the grad norm of one optimizer step,
-and logits + HF weights after that step. Before the step everything must agree within 1e-5
+and logits + HF weights after that step (gathered whole, and streamed to rank 0 in small
+buckets, which must hold the same tensors). Before the step everything must agree within 1e-5
 absolute. After the step, logits are compared within 1e-5 relative to their magnitude: Adam
 turns fp32 rounding differences in the grads (different reduction orders across TP ranks) into
 parameter differences of ~1e-7, which larger logits amplify. The DP=2 reference is checked
@@ -93,6 +94,19 @@ def test_two_process_reference_equals_single_process(results: dict[str, dict]) -
     scale = float(ref["logits_after"].abs().max())
     assert max_diff(single["logits_after"], ref["logits_after"]) < 1e-5 * max(1.0, scale)
     assert single["step"]["grad_norm"] == pytest.approx(ref["step"]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_export_streams_in_buckets_to_rank_zero(results: dict[str, dict], layout: str) -> None:
+    """Small buckets: several per PP stage, each whole layers; together exactly the state dict."""
+    res = results[layout]
+    buckets, whole = res["hf_small_buckets"], res["hf_after"]
+    assert len(buckets) >= 3
+    names = [n for b in buckets for n in b]
+    assert sorted(names) == sorted(whole) and len(names) == len(set(names))
+    for b in buckets:
+        for name, t in b.items():
+            assert torch.equal(t, whole[name]), name
 
 
 def test_step_changed_the_model(results: dict[str, dict]) -> None:

@@ -9,7 +9,8 @@ which must equal a single process), ``tp2`` and ``pp2``. Results go to ``DIR/<la
 Every layout starts from the same weights: a seeded random HF-layout state dict (the TP=1
 reference weights), loaded through ``Policy.load_hf_state_dict`` so each rank takes its own
 Megatron shard. Then: full-vocab logits, token log-probs and entropies of two packed batches,
-one ``forward_backward`` + ``optimizer_step``, logits again and the gathered HF state dict.
+one ``forward_backward`` + ``optimizer_step``, logits again and the gathered HF state dict (also
+streamed in small buckets).
 ``tests/test_parallel_equivalence.py`` compares the files of different layouts.
 """
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from long_context.packing import PackedBatch, pack
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.export import hf_buckets
 from megatron_rl.model.parallel import destroy_distributed, init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.train.config import TrainConfig
@@ -87,6 +89,8 @@ def run_layout(tp: int, pp: int) -> dict[str, object]:
     result["step"] = policy.optimizer_step(lr=1e-2)
     result["logits_after"] = policy.logits(tokens)
     result["hf_after"] = policy.hf_state_dict()
+    # the export streamed in ~50 kB buckets (several per PP stage) must give the same tensors
+    result["hf_small_buckets"] = [dict(b) for b in hf_buckets(policy, bucket_bytes=50_000)]
     return result
 
 

@@ -40,9 +40,10 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
     rt = setup_run(cfg, "rl")
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
-    ctl = Controller(rt, engine_dir) if rt.is_main else None  # the only engine and scheduler
     ref = report.build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
+    # the only engine and scheduler; trainer ranks wait on the control group (long timeout)
+    ctl = Controller(rt, engine_dir) if rt.is_main else None
     stop = report.PreemptionFlag()
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),

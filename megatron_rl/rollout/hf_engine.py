@@ -111,6 +111,8 @@ class HFEngine(RolloutEngine):
                 f"rollout engine 'hf' could not load the model in {model_dir!r}: {e}"
             ) from e
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.context_len = int(positions) if positions else None
         self.eos_ids = _eos_ids(self.tokenizer.eos_token_id, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else min(self.eos_ids, default=0)
@@ -119,7 +121,7 @@ class HFEngine(RolloutEngine):
     # generation
 
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
-        check_requests(requests, self.vocab_size)
+        check_requests(requests, self.vocab_size, self.context_len)
         seeds = [
             r.params.seed if r.params.seed is not None else derive_seed(self.seed, self._calls, i)
             for i, r in enumerate(requests)

@@ -79,9 +79,10 @@ def test_hostile_load_fails_only_the_hostile_requests(tmp_path: Path) -> None:
 
         assert not res.failures, res.failures[:10]
         assert sum(res.statuses.values()) == 2000
-        assert res.statuses.get(200) == 1900 and sum(
-            n for s, n in res.statuses.items() if 400 <= s < 500
-        ) == 100
+        assert (
+            res.statuses.get(200) == 1900
+            and sum(n for s, n in res.statuses.items() if 400 <= s < 500) == 100
+        )
         assert _health(url) == 200 and proc.poll() is None
         rss_after = _rss_mib(proc.pid)
         print(f"server RSS: {rss_warm:.0f} MiB after warm-up, {rss_after:.0f} MiB after the run")

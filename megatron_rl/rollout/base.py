@@ -124,9 +124,7 @@ def derive_seed(base_seed: int, call_index: int, request_index: int) -> int:
     return int(x % (2**31 - 1))
 
 
-def check_request(
-    req: GenRequest, vocab_size: int | None, context_len: int | None = None
-) -> None:
+def check_request(req: GenRequest, vocab_size: int | None, context_len: int | None = None) -> None:
     """Raise ``ValueError`` naming what makes this one request impossible for the model.
 
     Checked before a request joins a batch, so that a bad one fails alone: sampling parameters

@@ -155,9 +155,9 @@ def _prompts(
         if not texts:
             raise ValueError("text is an empty list")
         return [tokenize(t) for t in texts], single
-    single = bool(ids) and isinstance(ids[0], int)
     if not ids:
         raise ValueError("input_ids is empty")
+    single = isinstance(ids[0], int)
     return ([ids] if single else ids), single
 
 

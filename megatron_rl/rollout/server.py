@@ -13,9 +13,13 @@ launchers run end to end without a GPU. Endpoints (schemas in :mod:`.sglang_sche
   ``GET /get_model_info`` and ``/get_server_info`` (plus the ``/model_info`` and
   ``/server_info`` spellings sglang-router 0.3.2 probes when a worker registers).
 
-Design: HTTP handlers put requests on a queue; one batcher task drains it into a single
-``engine.generate`` call (continuous batching at request granularity: everything that arrived
-while the previous batch ran goes into the next one). The engine runs in a single worker thread,
+Design: HTTP handlers validate each request on its own (:mod:`.server_requests`: a bad one is
+answered 400 naming the field and never joins a batch), then put it on a queue; one batcher
+task drains it into a single ``engine.generate`` call (continuous batching at request
+granularity: everything that arrived while the previous batch ran goes into the next one; an
+idle engine waits a few ms for the rest of a burst). A batch that still fails inside the engine
+is split in halves until only the failing request fails (500, or 400 for a ``ValueError``).
+``text`` prompts are tokenised with the served model's tokenizer. The engine runs in a single worker thread,
 which also runs weight updates, so an update never races a batch. ``/abort_request`` answers the
 aborted requests at once with ``finish_reason.type == "abort"``; a batch already inside the
 engine finishes there and its result for them is dropped. ``/update_weights_from_disk`` is not
@@ -44,6 +48,8 @@ from megatron_rl.rollout.server_requests import to_gen_request as to_gen_request
 
 log = logging.getLogger(__name__)
 
+BATCH_GAP_S = 0.005  # an idle engine waits this long for one more request of a burst ...
+BATCH_WINDOW_S = 0.05  # ... and at most this long in all (see EmbeddedServer._collect)
 MAX_BODY_BYTES = 32 * 1024**2  # larger bodies get 413; a 512k-token prompt is ~4 MiB of JSON
 
 
@@ -114,15 +120,35 @@ class EmbeddedServer:
     # ---- batching -------------------------------------------------------------------------
     async def _run_batches(self) -> None:
         while True:
-            batch = [await self.queue.get()]
-            seqs = batch[0].request.params.n
-            while not self.queue.empty() and seqs < self.max_batch:
-                batch.append(self.queue.get_nowait())
-                seqs += batch[-1].request.params.n
-            batch = [p for p in batch if not p.future.done()]  # drop aborted ones
+            batch = [p for p in await self._collect() if not p.future.done()]  # not aborted
             if batch:
                 self.stats["batches"] += 1
                 await self._generate_batch(batch)
+
+    async def _collect(self) -> list[_Pending]:
+        """The next batch: what is queued, plus what keeps arriving (gaps < ``BATCH_GAP_S``,
+        for at most ``BATCH_WINDOW_S``) while the engine is idle, up to ``max_batch`` rows.
+
+        The engine batches whole requests, so the first request of a burst (a trainer step
+        sends one request per sample) must not leave alone while the rest are in flight.
+        """
+        loop = asyncio.get_running_loop()
+        batch = [await self.queue.get()]
+        seqs = batch[0].request.params.n
+        deadline = loop.time() + BATCH_WINDOW_S
+        while seqs < self.max_batch:
+            if self.queue.empty():
+                wait = min(BATCH_GAP_S, deadline - loop.time())
+                if wait <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), wait))
+                except TimeoutError:
+                    break
+            else:
+                batch.append(self.queue.get_nowait())
+            seqs += batch[-1].request.params.n
+        return batch
 
     async def _generate_batch(self, batch: list[_Pending]) -> None:
         """Run one engine call; if it fails, bisect so that only the failing request(s) fail.

@@ -19,9 +19,9 @@ task drains it into a single ``engine.generate`` call (continuous batching at re
 granularity: everything that arrived while the previous batch ran goes into the next one; an
 idle engine waits a few ms for the rest of a burst). A batch that still fails inside the engine
 is split in halves until only the failing request fails (500, or 400 for a ``ValueError``).
-``text`` prompts are tokenised with the served model's tokenizer. The engine runs in a single worker thread,
-which also runs weight updates, so an update never races a batch. ``/abort_request`` answers the
-aborted requests at once with ``finish_reason.type == "abort"``; a batch already inside the
+``text`` prompts are tokenised with the served model's tokenizer. The engine runs in a single
+worker thread, which also runs weight updates, so an update never races a batch.
+``/abort_request`` answers the aborted requests at once with ``finish_reason.type == "abort"``; a batch already inside the
 engine finishes there and its result for them is dropped. ``/update_weights_from_disk`` is not
 implemented by SGLang's ``load_format`` machinery: it calls the engine's
 ``update_weights_from_disk`` on a folder of HF ``*.safetensors``.

@@ -22,9 +22,9 @@ is split in halves until only the failing request fails (500, or 400 for a ``Val
 ``text`` prompts are tokenised with the served model's tokenizer. The engine runs in a single
 worker thread, which also runs weight updates, so an update never races a batch.
 ``/abort_request`` answers the aborted requests at once with ``finish_reason.type == "abort"``;
-a batch already inside the engine finishes there and its result for them is dropped. ``/update_weights_from_disk`` is not
-implemented by SGLang's ``load_format`` machinery: it calls the engine's
-``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
+a batch already inside the engine finishes there and its result for them is dropped.
+``/update_weights_from_disk`` is not implemented by SGLang's ``load_format`` machinery: it calls
+the engine's ``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
 """
 
 from __future__ import annotations

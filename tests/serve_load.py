@@ -43,6 +43,17 @@ _HOSTILE: dict[str, tuple[Any, str]] = {
     "unknown_field": (lambda r, v, c: {"input_ids": [1, 2], "bogus_field": 1}, "bogus_field"),
     "unknown_sampling_field": (lambda r, v, c: _sp(max_tokens=4), "max_tokens"),
     "string_temperature": (lambda r, v, c: _sp(temperature="hot"), "temperature"),
+    "huge_int_temperature": (lambda r, v, c: _sp(temperature=10**400), "temperature"),
+    "stop_token_out_of_range": (lambda r, v, c: _sp(stop_token_ids=[v]), "stop_token_ids"),
+    "deep_json": (lambda r, v, c: b'{"input_ids": ' + b"[" * 100_000, "not valid JSON"),
+    "empty_body": (lambda r, v, c: b"", "not valid JSON"),
+    "null_body": (lambda r, v, c: None, "object"),
+    "text_and_ids": (lambda r, v, c: {"text": "hi", "input_ids": [1]}, "exactly one of"),
+    "text_over_long": (lambda r, v, c: {"text": "7" * (4 * c)}, "context length"),
+    "sampling_params_count": (
+        lambda r, v, c: {"input_ids": [[1, 2], [3]], "sampling_params": [{}]},
+        "sampling_params",
+    ),
 }
 HOSTILE_KINDS = sorted(_HOSTILE)
 

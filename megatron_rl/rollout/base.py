@@ -134,9 +134,14 @@ def check_request(req: GenRequest, vocab_size: int | None, context_len: int | No
     req.params.validate()
     if not req.prompt_ids:
         raise ValueError("the prompt is empty (input_ids=[])")
-    bad = [t for t in req.prompt_ids if vocab_size is not None and not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"input_ids has token ids outside [0, {vocab_size}): {bad[:5]}")
+    if vocab_size is not None:
+        for name, ids in (
+            ("input_ids", req.prompt_ids),
+            ("stop_token_ids", req.params.stop_token_ids),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} has token ids outside [0, {vocab_size}): {bad[:5]}")
     if context_len is not None:
         total = len(req.prompt_ids) + req.params.max_tokens
         if len(req.prompt_ids) >= context_len:

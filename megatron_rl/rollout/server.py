@@ -222,8 +222,8 @@ class EmbeddedServer:
         """The validated body; ``ValueError`` (-> 400) names the bad field."""
         try:
             body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"the /generate body is not valid JSON: {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"the /generate body is not valid JSON: {e!r}") from None
         if isinstance(body, dict) and body.get("text") is not None:
             # tokenising a long text takes a while: off the event loop (not the engine thread)
             loop = asyncio.get_running_loop()

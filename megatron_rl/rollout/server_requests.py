@@ -125,7 +125,7 @@ def _check_unsupported(sp: dict[str, Any]) -> None:
 def _check_ranges(sp: dict[str, Any], max_n: int) -> None:
     """SGLang's ``SamplingParams.verify`` ranges, with the field and value in the message."""
     t, p = sp.get("temperature"), sp.get("top_p")
-    if t is not None and not (math.isfinite(t) and t >= 0):
+    if t is not None and not (t < 2**1000 and math.isfinite(t) and t >= 0):  # JSON ints: any size
         raise ValueError(f"sampling_params.temperature must be a finite number >= 0, got {t}")
     if p is not None and not 0 < p <= 1:
         raise ValueError(f"sampling_params.top_p must be in (0, 1], got {p}")

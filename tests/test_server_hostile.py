@@ -99,6 +99,17 @@ def test_out_of_range_sampling_params_name_the_field(served, sp, field):
     assert status == 400 and field in out["error"]["message"], out
 
 
+def test_a_denormal_temperature_is_greedy_as_in_sglang(served):
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 5}}
+    greedy = _post(
+        served[0].url, body | {"sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+    )
+    tiny = _post(
+        served[0].url, body | {"sampling_params": {"max_new_tokens": 5, "temperature": 5e-324}}
+    )
+    assert greedy[0] == tiny[0] == 200 and greedy[1]["output_ids"] == tiny[1]["output_ids"]
+
+
 def test_context_limit_is_prompt_plus_max_new_tokens(served):
     url = served[0].url
     ok = {"input_ids": [7] * 500, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}

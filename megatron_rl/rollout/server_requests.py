@@ -32,6 +32,7 @@ from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import GenRequest, SamplingParams, check_request
 
 _TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
+_GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a lower temperature means greedy
 _MAX_SEED = 2**63  # torch.Generator.manual_seed takes seeds below this
 
 
@@ -96,8 +97,10 @@ def to_gen_request(input_ids: list[int], sp: dict[str, Any], max_n: int = 1 << 2
     _check_unsupported(sp)
     _check_ranges(sp, max_n)
     stop = sp.get("stop") or []
+    temperature = 1.0 if sp.get("temperature") is None else float(sp["temperature"])
     params = SamplingParams(
-        temperature=1.0 if sp.get("temperature") is None else float(sp["temperature"]),
+        # SGLang samples greedily below 1e-6; dividing logits by a denormal would give inf
+        temperature=0.0 if temperature < _GREEDY_BELOW else temperature,
         top_p=1.0 if sp.get("top_p") is None else float(sp["top_p"]),
         max_tokens=128 if sp.get("max_new_tokens") is None else int(sp["max_new_tokens"]),
         stop=[stop] if isinstance(stop, str) else list(stop),

@@ -133,7 +133,7 @@ def check_request(req: GenRequest, vocab_size: int | None, context_len: int | No
     """
     req.params.validate()
     if not req.prompt_ids:
-        raise ValueError("the prompt is empty (input_ids=[])")
+        raise ValueError("empty prompt: input_ids is []")
     if vocab_size is not None:
         for name, ids in (
             ("input_ids", req.prompt_ids),

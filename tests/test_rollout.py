@@ -138,3 +138,19 @@ def test_tied_embeddings_update_reaches_the_output_layer(tmp_path: Path, name: s
         logits = model(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1]
     ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
     assert (ref - torch.tensor(c.logprobs)).abs().max().item() < 1e-4
+
+
+def test_hf_prefills_a_repeated_prompt_once_with_unchanged_samples(model_dir: Path) -> None:
+    """The SGLang client sends each sample of a group as its own request: the engine shares the
+    prompt's prefill across them (counted as cached) and samples exactly as one at a time."""
+    a, b = [5, 6, 7, 8, 9, 10], [11, 12, 13]
+    reqs = [
+        GenRequest(p, SamplingParams(max_tokens=6, seed=s)) for p, s in [(a, 1), (a, 2), (b, 3)]
+    ]
+    engine = build_engine(RolloutConfig(engine="hf"), str(model_dir), seed=0)
+    together = engine.generate(reqs)
+    assert engine.stats["rollout/cached_prompt_tokens"] == len(a)
+    alone = [engine.generate([r])[0] for r in reqs]
+    for t, s in zip(together, alone, strict=True):
+        assert t[0].token_ids == s[0].token_ids
+        assert t[0].logprobs == pytest.approx(s[0].logprobs, abs=1e-4)

@@ -224,8 +224,10 @@ def test_bad_requests_are_rejected_with_the_field_named(served):
     assert post({"input_ids": [1, 2], "sampling_params": {"top_k": 5}})[0] == 400
     status, text = post({"input_ids": [1, 2], "bogus": 1})
     assert status == 400 and "bogus" in text
-    status, text = post({"text": "hello"})
+    status, text = post({"text": "hello", "input_ids": [1]})  # SGLang: exactly one of them
     assert status == 400 and "text" in text
+    status, text = post({"text": "hello", "sampling_params": {"max_new_tokens": 3}})
+    assert status == 200 and "text" in json.loads(text)  # tokenised with the model's tokenizer
 
 
 def test_distributed_weight_sync_request_side():

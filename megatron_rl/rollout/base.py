@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,13 +52,16 @@ class SamplingParams:
     n: int = 1  # completions per request
 
     def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field out of range (NaN and inf included)."""
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(
+                f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature}"
+            )
+        if not 0 < self.top_p <= 1:  # also rejects NaN
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
 
 
@@ -93,6 +97,8 @@ class RolloutEngine(ABC):
     """
 
     stats: dict[str, float] = {}  # replaced (never mutated) by each generate call
+    vocab_size: int = 0  # token ids must be in [0, vocab_size) (local engines set it)
+    context_len: int | None = None  # most positions, prompt + completion (None: unknown)
 
     @abstractmethod
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
@@ -118,17 +124,48 @@ def derive_seed(base_seed: int, call_index: int, request_index: int) -> int:
     return int(x % (2**31 - 1))
 
 
-def check_requests(requests: list[GenRequest], vocab_size: int) -> None:
+def check_request(req: GenRequest, vocab_size: int | None, context_len: int | None = None) -> None:
+    """Raise ``ValueError`` naming what makes this one request impossible for the model.
+
+    Checked before a request joins a batch, so that a bad one fails alone: sampling parameters
+    in range, a non-empty prompt of token ids in ``[0, vocab_size)``, and prompt plus
+    ``max_tokens`` within ``context_len`` (the model's positions). None: not checked.
+    """
+    req.params.validate()
+    if not req.prompt_ids:
+        raise ValueError("empty prompt: input_ids is []")
+    if vocab_size is not None:
+        for name, ids in (
+            ("input_ids", req.prompt_ids),
+            ("stop_token_ids", req.params.stop_token_ids),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} has token ids outside [0, {vocab_size}): {bad[:5]}")
+    if context_len is not None:
+        total = len(req.prompt_ids) + req.params.max_tokens
+        if len(req.prompt_ids) >= context_len:
+            raise ValueError(
+                f"the input ({len(req.prompt_ids)} tokens) is longer than the model's context "
+                f"length ({context_len} tokens)"
+            )
+        if total > context_len:
+            raise ValueError(
+                f"requested token count exceeds the model's context length of {context_len} "
+                f"tokens: {len(req.prompt_ids)} prompt tokens + max_new_tokens="
+                f"{req.params.max_tokens}"
+            )
+
+
+def check_requests(
+    requests: list[GenRequest], vocab_size: int, context_len: int | None = None
+) -> None:
     """Raise ``ValueError`` naming the first request that no engine could run."""
     for i, req in enumerate(requests):
-        req.params.validate()
-        if not req.prompt_ids:
-            raise ValueError(f"request {i} (tag={req.tag!r}) has an empty prompt")
-        bad = [t for t in req.prompt_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {i} (tag={req.tag!r}) has token ids outside [0, {vocab_size}): {bad[:5]}"
-            )
+        try:
+            check_request(req, vocab_size, context_len)
+        except ValueError as e:
+            raise ValueError(f"request {i} (tag={req.tag!r}): {e}") from None
 
 
 def load_hf_dir(hf_dir: str, engine: str) -> dict[str, Tensor]:

@@ -10,7 +10,7 @@ from typing import Literal
 class SGLangConfig:
     """The SGLang client (engine 'sglang'): talks to the router or server at rollout.urls[0]."""
 
-    max_concurrency: int = 64  # most HTTP requests in flight at once (one per sample)
+    max_concurrency: int = 256  # most HTTP requests in flight at once (one per sample)
     max_retries: int = 8  # attempts after the first for a failed request (dead server, 5xx)
     retry_backoff_s: float = 0.2  # first back-off before a retry, seconds; doubles each attempt
     retry_max_backoff_s: float = 5.0  # back-off cap, seconds

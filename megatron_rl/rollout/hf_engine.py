@@ -5,9 +5,11 @@ the faster one (no scheduler, no paged KV cache; see benchmarks/rollout_engines.
 
 How a ``generate`` call runs:
 1. Requests are packed into chunks of at most ``RolloutConfig.max_batch`` sequences.
-2. Prefix sharing: each chunk's prompts are prefilled once (left-padded batch), then the KV cache
-   rows are repeated to the group's ``n`` samples (``Cache.batch_select_indices``), so a group of
-   8 costs one prompt forward, not 8. This is what vLLM's prefix cache achieves for a group.
+2. Prefix sharing: each distinct prompt of a chunk is prefilled once (left-padded batch), then
+   the KV cache rows are repeated to its samples (``Cache.batch_select_indices``): a group's
+   ``n``, and every request repeating that prompt. A group of 8 costs one prompt forward, not 8,
+   whether it comes as one request or as 8 (the SGLang client's form). This is what vLLM's prefix
+   cache achieves for a group.
 3. Decode one token per step for every live sequence; finished sequences are dropped from the
    batch (and from the cache) once a quarter of the batch has finished, so late steps only pay
    for live rows without copying the cache at every finish.
@@ -111,6 +113,8 @@ class HFEngine(RolloutEngine):
                 f"rollout engine 'hf' could not load the model in {model_dir!r}: {e}"
             ) from e
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.context_len = int(positions) if positions else None
         self.eos_ids = _eos_ids(self.tokenizer.eos_token_id, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else min(self.eos_ids, default=0)
@@ -119,24 +123,23 @@ class HFEngine(RolloutEngine):
     # generation
 
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
-        check_requests(requests, self.vocab_size)
+        check_requests(requests, self.vocab_size, self.context_len)
         seeds = [
             r.params.seed if r.params.seed is not None else derive_seed(self.seed, self._calls, i)
             for i, r in enumerate(requests)
         ]
         self._calls += 1
         results: list[list[Completion]] = [[] for _ in requests]
+        computed = 0  # prompt tokens prefilled: each distinct prompt once per chunk
         for chunk in self._chunks(requests):
             outs = self._generate_chunk([requests[i] for i in chunk], [seeds[i] for i in chunk])
             for i, out in zip(chunk, outs, strict=True):
                 results[i] = out
+            computed += sum(len(p) for p in {tuple(requests[i].prompt_ids) for i in chunk})
         prompt = [len(r.prompt_ids) * r.params.n for r in requests]
         self.stats = {
             "rollout/prompt_tokens": float(sum(prompt)),
-            # prefix sharing: only the first of a group's n samples computes the prompt
-            "rollout/cached_prompt_tokens": float(
-                sum(prompt) - sum(len(r.prompt_ids) for r in requests)
-            ),
+            "rollout/cached_prompt_tokens": float(sum(prompt) - computed),
             "rollout/generated_tokens": float(sum(len(c.token_ids) for cs in results for c in cs)),
         }
         return results
@@ -160,9 +163,13 @@ class HFEngine(RolloutEngine):
             for g, r in enumerate(reqs)
             for _ in range(r.params.n)
         ]
-        logits, cache, attn, pos = self._prefill([r.prompt_ids for r in reqs])
-        # Prefix sharing: one prefill per prompt, KV rows repeated for the group's samples.
-        expand = torch.tensor([row.request for row in rows], device=self.device)
+        # Prefix sharing: one prefill per distinct prompt, KV rows repeated for every sample
+        # of it (a group's n samples, and requests that repeat a prompt: the SGLang client
+        # sends each sample of a group as its own request).
+        unique: dict[tuple[int, ...], int] = {}
+        of_request = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in reqs]
+        logits, cache, attn, pos = self._prefill([list(p) for p in unique])
+        expand = torch.tensor([of_request[row.request] for row in rows], device=self.device)
         cache.batch_select_indices(expand)
         logits, attn, pos = logits[expand], attn[expand], pos[expand]
         gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]

@@ -13,19 +13,24 @@ launchers run end to end without a GPU. Endpoints (schemas in :mod:`.sglang_sche
   ``GET /get_model_info`` and ``/get_server_info`` (plus the ``/model_info`` and
   ``/server_info`` spellings sglang-router 0.3.2 probes when a worker registers).
 
-Design: HTTP handlers put requests on a queue; one batcher task drains it into a single
-``engine.generate`` call (continuous batching at request granularity: everything that arrived
-while the previous batch ran goes into the next one). The engine runs in a single worker thread,
-which also runs weight updates, so an update never races a batch. ``/abort_request`` answers the
-aborted requests at once with ``finish_reason.type == "abort"``; a batch already inside the
-engine finishes there and its result for them is dropped. ``/update_weights_from_disk`` is not
-implemented by SGLang's ``load_format`` machinery: it calls the engine's
-``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
+Design: HTTP handlers validate each request on its own (:mod:`.server_requests`: a bad one is
+answered 400 naming the field and never joins a batch), then put it on a queue; one batcher
+task drains it into a single ``engine.generate`` call (continuous batching at request
+granularity: everything that arrived while the previous batch ran goes into the next one; an
+idle engine waits a few ms for the rest of a burst). A batch that still fails inside the engine
+is split in halves until only the failing request fails (500, or 400 for a ``ValueError``).
+``text`` prompts are tokenised with the served model's tokenizer. The engine runs in a single
+worker thread, which also runs weight updates, so an update never races a batch.
+``/abort_request`` answers the aborted requests at once with ``finish_reason.type == "abort"``;
+a batch already inside the engine finishes there and its result for them is dropped.
+``/update_weights_from_disk`` is not implemented by SGLang's ``load_format`` machinery: it calls
+the engine's ``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -38,10 +43,22 @@ from aiohttp import web
 
 from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.rollout.server_requests import Limits, ParsedGenerate, parse_generate
+from megatron_rl.rollout.server_requests import to_gen_request as to_gen_request  # re-export
 
 log = logging.getLogger(__name__)
 
-_TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
+BATCH_GAP_S = 0.005  # an idle engine waits this long for one more request of a burst ...
+BATCH_WINDOW_S = 0.05  # ... and at most this long in all (see EmbeddedServer._collect)
+MAX_BODY_BYTES = 32 * 1024**2  # larger bodies get 413; a 512k-token prompt is ~4 MiB of JSON
+
+
+class EngineFailure(RuntimeError):
+    """``engine.generate`` failed on one request run alone: answered 500 (400 if ValueError)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"engine.generate failed on this request: {type(cause).__name__}: {cause}")
+        self.status = 400 if isinstance(cause, ValueError) else 500
 
 
 @dataclass
@@ -51,32 +68,6 @@ class _Pending:
     rid: str
     request: GenRequest
     future: asyncio.Future[list[Completion]] = field(repr=False)
-
-
-def to_gen_request(input_ids: list[int], sp: dict[str, Any]) -> GenRequest:
-    """Map SGLang ``sampling_params`` onto our :class:`SamplingParams`; reject what we lack."""
-    for key, neutral in (("min_p", 0.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
-        if sp.get(key) not in (None, neutral):
-            raise ValueError(f"the embedded server does not support sampling_params.{key}")
-    if sp.get("repetition_penalty") not in (None, 1.0):
-        raise ValueError("the embedded server does not support sampling_params.repetition_penalty")
-    if sp.get("top_k") not in (None, -1, _TOP_K_ALL):
-        raise ValueError("the embedded server does not support sampling_params.top_k")
-    for key in ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"):
-        if sp.get(key):
-            raise ValueError(f"the embedded server does not support sampling_params.{key}")
-    stop = sp.get("stop") or []
-    params = SamplingParams(
-        temperature=1.0 if sp.get("temperature") is None else float(sp["temperature"]),
-        top_p=1.0 if sp.get("top_p") is None else float(sp["top_p"]),
-        max_tokens=128 if sp.get("max_new_tokens") is None else int(sp["max_new_tokens"]),
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        stop_token_ids=list(sp.get("stop_token_ids") or []),
-        seed=sp.get("sampling_seed"),
-        n=1 if sp.get("n") is None else int(sp["n"]),
-    )
-    params.validate()
-    return GenRequest(prompt_ids=list(input_ids), params=params)
 
 
 def completion_to_sglang(
@@ -121,34 +112,72 @@ class EmbeddedServer:
         self.inflight: dict[str, list[_Pending]] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
+        self.stats |= {"batch_splits": 0, "failed": 0}
+        self.limits = Limits(engine.vocab_size or None, engine.context_len, max_batch)
+        self._tokenizer: Any = None
         self._batcher: asyncio.Task[None] | None = None
 
     # ---- batching -------------------------------------------------------------------------
     async def _run_batches(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch = [await self.queue.get()]
-            seqs = batch[0].request.params.n
-            while not self.queue.empty() and seqs < self.max_batch:
+            batch = [p for p in await self._collect() if not p.future.done()]  # not aborted
+            if batch:
+                self.stats["batches"] += 1
+                await self._generate_batch(batch)
+
+    async def _collect(self) -> list[_Pending]:
+        """The next batch: what is queued, plus what keeps arriving (gaps < ``BATCH_GAP_S``,
+        for at most ``BATCH_WINDOW_S``) while the engine is idle, up to ``max_batch`` rows.
+
+        The engine batches whole requests, so the first request of a burst (a trainer step
+        sends one request per sample) must not leave alone while the rest are in flight.
+        """
+        loop = asyncio.get_running_loop()
+        batch = [await self.queue.get()]
+        seqs = batch[0].request.params.n
+        deadline = loop.time() + BATCH_WINDOW_S
+        while seqs < self.max_batch:
+            if self.queue.empty():
+                wait = min(BATCH_GAP_S, deadline - loop.time())
+                if wait <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), wait))
+                except TimeoutError:
+                    break
+            else:
                 batch.append(self.queue.get_nowait())
-                seqs += batch[-1].request.params.n
-            batch = [p for p in batch if not p.future.done()]  # drop aborted ones
-            if not batch:
-                continue
-            self.stats["batches"] += 1
-            try:
-                outs = await loop.run_in_executor(
-                    self.executor, self.engine.generate, [p.request for p in batch]
-                )
-            except Exception as e:  # reported to every waiting request, server keeps serving
-                log.exception("engine.generate failed on a batch of %d prompts", len(batch))
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(RuntimeError(f"engine.generate failed: {e}"))
-                continue
-            for p, out in zip(batch, outs, strict=True):
-                if not p.future.done():
-                    p.future.set_result(out)
+            seqs += batch[-1].request.params.n
+        return batch
+
+    async def _generate_batch(self, batch: list[_Pending]) -> None:
+        """Run one engine call; if it fails, bisect so that only the failing request(s) fail.
+
+        Requests are validated before they are queued, so a failure here is unexpected; halving
+        keeps the innocent ones batched and finds one culprit in ~log2(len(batch)) extra calls.
+        """
+        loop = asyncio.get_running_loop()
+        reqs = [p.request for p in batch]
+        try:
+            outs = await loop.run_in_executor(self.executor, self.engine.generate, reqs)
+        except Exception as e:  # reported to the culprit only, the server keeps serving
+            if len(batch) == 1:
+                log.warning("engine.generate failed on request %s: %r", batch[0].rid, e)
+                self.stats["failed"] += 1
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(EngineFailure(e))
+                return
+            log.warning("engine.generate failed on a batch of %d; splitting it: %r", len(batch), e)
+            self.stats["batch_splits"] += 1
+            half = len(batch) // 2
+            for part in (batch[:half], batch[half:]):
+                live = [p for p in part if not p.future.done()]
+                if live:
+                    await self._generate_batch(live)
+            return
+        for p, out in zip(batch, outs, strict=True):
+            if not p.future.done():
+                p.future.set_result(out)
 
     async def _submit(self, rid: str, req: GenRequest) -> list[Completion]:
         fut: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
@@ -166,26 +195,53 @@ class EmbeddedServer:
 
     # ---- handlers -------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.Response:
-        body = await request.json()
         try:
-            sglang_schema.validate("generate", body)
-            sglang_schema.check_supported_generate(body)
-            prompts, sps, rids, single = _normalize_generate(body)
-            reqs = [to_gen_request(ids, sp) for ids, sp in zip(prompts, sps, strict=True)]
+            parsed = await self._parse_generate(request)
         except ValueError as e:
-            return web.json_response({"error": {"message": str(e)}}, status=400)
+            return _error(400, str(e))
         self.stats["requests"] += 1
-        subs = [self._submit(r, q) for r, q in zip(rids, reqs, strict=True)]
-        results = await asyncio.gather(*subs)
-        want_lp = bool(body.get("return_logprob"))
+        subs = [self._submit(r, q) for r, q in zip(parsed.rids, parsed.requests, strict=True)]
+        results = await asyncio.gather(*subs, return_exceptions=True)
+        for res in results:
+            if isinstance(res, EngineFailure):
+                return _error(res.status, str(res))
+            if isinstance(res, BaseException):
+                raise res
         outs = []
-        for rid, req, comps in zip(rids, reqs, results, strict=True):
-            for j, c in enumerate(comps):
+        for rid, req, comps in zip(parsed.rids, parsed.requests, results, strict=True):
+            for j, c in enumerate(comps):  # type: ignore[arg-type]
                 sub = rid if req.params.n == 1 else f"{rid}-{j}"
                 outs.append(
-                    completion_to_sglang(c, sub, len(req.prompt_ids), want_lp, self.weight_version)
+                    completion_to_sglang(
+                        c, sub, len(req.prompt_ids), parsed.return_logprob, self.weight_version
+                    )
                 )
-        return web.json_response(outs[0] if single and len(outs) == 1 else outs)
+        return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)
+
+    async def _parse_generate(self, request: web.Request) -> ParsedGenerate:
+        """The validated body; ``ValueError`` (-> 400) names the bad field."""
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"the /generate body is not valid JSON: {e!r}") from None
+        if isinstance(body, dict) and body.get("text") is not None:
+            # tokenising a long text takes a while: off the event loop (not the engine thread)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                None, parse_generate, body, self.limits, self._tokenize
+            )
+        return parse_generate(body, self.limits, None)
+
+    def _tokenize(self, text: str) -> list[int]:
+        """``text`` -> token ids with the served model's tokenizer (loaded on first use)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"'text' needs the model's tokenizer, which failed: {e}") from e
+        return list(self._tokenizer.encode(text))
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
@@ -246,7 +302,7 @@ class EmbeddedServer:
 
     # ---- application ----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024**2)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_get("/health", self.health)
@@ -272,27 +328,9 @@ class EmbeddedServer:
         self.engine.shutdown()
 
 
-def _normalize_generate(
-    body: dict[str, Any],
-) -> tuple[list[list[int]], list[dict[str, Any]], list[str], bool]:
-    """(prompts, sampling params per prompt, rid per prompt, is_single) from a /generate body."""
-    ids = body["input_ids"]
-    single = bool(ids) and isinstance(ids[0], int)
-    prompts: list[list[int]] = [ids] if single else ids
-    sp = body.get("sampling_params") or {}
-    sps = list(sp) if isinstance(sp, list) else [sp] * len(prompts)
-    if len(sps) != len(prompts):
-        raise ValueError(f"{len(sps)} sampling_params for {len(prompts)} prompts")
-    rid = body.get("rid")
-    if isinstance(rid, list):
-        rids = list(rid)
-    elif single:
-        rids = [rid or uuid.uuid4().hex]
-    else:
-        rids = [f"{rid}-{i}" if rid else uuid.uuid4().hex for i in range(len(prompts))]
-    if len(rids) != len(prompts):
-        raise ValueError(f"{len(rids)} rids for {len(prompts)} prompts")
-    return prompts, sps, rids, single
+def _error(status: int, message: str) -> web.Response:
+    """SGLang's error body: ``{"error": {"message": ...}}``."""
+    return web.json_response({"error": {"message": message}}, status=status)
 
 
 def serve(engine: RolloutEngine, model_path: str, host: str, port: int, max_batch: int) -> None:

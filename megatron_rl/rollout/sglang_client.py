@@ -83,7 +83,9 @@ class SGLangClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+            # aiohttp's default pool holds 100 connections: it would cap max_concurrency
+            connector = aiohttp.TCPConnector(limit=self.cfg.max_concurrency)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
         return self._session
 
     async def close(self) -> None:

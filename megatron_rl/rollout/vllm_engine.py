@@ -87,10 +87,11 @@ class VLLMEngine(RolloutEngine):
             ) from e
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.vocab_size = int(hf_config.vocab_size)
+        self.context_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
-        check_requests(requests, self.vocab_size)
+        check_requests(requests, self.vocab_size, self.context_len)
         prompts: list[Any] = [{"prompt_token_ids": r.prompt_ids} for r in requests]
         params = [self._params(r, i) for i, r in enumerate(requests)]
         self._calls += 1

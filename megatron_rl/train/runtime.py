@@ -22,6 +22,7 @@ from megatron_rl.model.policy import Policy
 from megatron_rl.model.tokenizer import load_tokenizer
 from megatron_rl.tracking.tracker import Tracker
 from megatron_rl.train.checkpoint import CheckpointManager, rng_state, set_rng_state
+from megatron_rl.train.preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def _model_cfg_from_hf(cfg: RunConfig) -> RunConfig:
 
 def setup_run(cfg: RunConfig, kind: str) -> Runtime:
     """Start (or resume) a run of ``kind`` ('sft' or 'rl')."""
+    preflight(cfg, kind)  # everything checked before anything is written (train/preflight.py)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     cfg = _model_cfg_from_hf(cfg)

@@ -1,0 +1,130 @@
+"""Start-up validation: everything a run needs is checked before anything is written.
+
+:func:`preflight` is the first call of :func:`megatron_rl.train.runtime.setup_run`; only after it
+returns is the run directory created or touched, ``config.yaml`` saved, a log opened or the W&B
+run resumed. A failed start therefore leaves an existing run directory byte-identical (a
+re-run of a finished run with a typo must not overwrite its resolved config or logs).
+
+Checked, each failing with one ``ValueError`` that names the key and what is allowed:
+
+* the config itself (types, ranges, Slurm settings: :func:`megatron_rl.config.validate`);
+* the model: ``model.hf_path`` is a folder with a readable ``config.json``, safetensors weights
+  and a tokenizer whose vocabulary fits the model's;
+* the layout: ``parallel.*`` against the world size (``WORLD_SIZE``) and the model's heads,
+  query groups and layers (:func:`megatron_rl.model.parallel.validate_layout`);
+* the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
+  empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
+  scheduler accepts them; SFT's ``sft.data`` file exists;
+* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL.
+
+Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
+tokenizer are read), so it costs well under a second on the demo.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from megatron_rl.config import RunConfig, validate
+from megatron_rl.model.config import ModelConfig
+
+# Engines whose Python package must import for them to start (engine name -> module).
+_ENGINE_PACKAGES = {"vllm": "vllm"}
+
+
+def preflight(cfg: RunConfig, kind: str) -> None:
+    """Raise ``ValueError`` on the first thing that would make a ``kind`` run ('rl' or 'sft')
+    fail to start; write nothing. See the module docstring for what is checked."""
+    if kind not in ("rl", "sft"):
+        raise ValueError(f"run kind must be 'rl' or 'sft', got {kind!r}")
+    validate(cfg)  # a config built in code (not by load_config) is checked too
+    model = check_model(cfg)
+    check_layout(cfg, model)
+    if kind == "rl" or cfg.sft.data == "domains":
+        check_domains(cfg, scheduler=kind == "rl")
+    elif not Path(cfg.sft.data).is_file():
+        raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
+    check_engine(cfg)
+
+
+def check_model(cfg: RunConfig) -> ModelConfig:
+    """The model architecture the run will build (from ``model.hf_path`` when set)."""
+    if not cfg.model.hf_path:
+        return cfg.model
+    from megatron_rl.model import hf_io
+
+    path = Path(cfg.model.hf_path)
+    if not path.is_dir():
+        raise ValueError(f"model.hf_path={cfg.model.hf_path!r} is not a folder (no config.json)")
+    _, model = hf_io.load_hf_config(path)
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"model.hf_path={str(path)!r} holds no *.safetensors weights")
+    tokenizer = _load_tokenizer(path)
+    if len(tokenizer) > model.vocab_size:
+        raise ValueError(
+            f"model.hf_path={str(path)!r}: the tokenizer has {len(tokenizer)} tokens, more "
+            f"than the model's vocab_size={model.vocab_size}"
+        )
+    return model
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from megatron_rl.model.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"model.hf_path={str(path)!r}: cannot load its tokenizer: {e}") from None
+
+
+def check_layout(cfg: RunConfig, model: ModelConfig) -> None:
+    """``parallel.*`` against the world size this process was started in, and the model."""
+    from megatron_rl.model.parallel import validate_layout
+
+    raw = os.environ.get("WORLD_SIZE", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"WORLD_SIZE={raw!r} must be a positive integer (set by torchrun)")
+    validate_layout(cfg.parallel, int(raw), model)
+
+
+def check_domains(cfg: RunConfig, scheduler: bool) -> None:
+    """Every domain pattern matches, the selection is not empty, the scheduler accepts it."""
+    from megatron_rl.domains import load_domains
+
+    d = cfg.domains
+    domains = load_domains(d.include, d.exclude, d.task_files)
+    if not domains:
+        raise ValueError(
+            "domains.include selects no domain; list them with `megatron-rl domains list`"
+        )
+    for dom in domains.values():  # both splits exist at the level the run asks for
+        for split in ("train", "eval"):
+            try:
+                dom.task(split, 0, d.level, cfg.seed)
+            except ValueError as e:
+                raise ValueError(f"domains: {dom.name}: {e} (domains.level={d.level})") from None
+    if scheduler:
+        from megatron_rl.scheduler import DomainInfo, DomainScheduler
+
+        infos = [DomainInfo(x.name, x.tier, list(x.levels), list(x.tags)) for x in domains.values()]
+        DomainScheduler(cfg.scheduler, infos, cfg.seed)
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """The rollout engine is registered and can be started from this environment."""
+    from megatron_rl.rollout.base import ENGINES, load_builtin_engines
+
+    load_builtin_engines()
+    name = cfg.rollout.engine
+    if name not in ENGINES:
+        raise ValueError(
+            f"rollout.engine={name!r} is not a registered engine; choose one of {sorted(ENGINES)}"
+        )
+    package = _ENGINE_PACKAGES.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
+    if name == "sglang" and not cfg.rollout.urls:
+        raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")

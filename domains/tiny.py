@@ -63,11 +63,19 @@ class TinyDomain(Domain):
     tier = "core"
     time_budget_s = 1.0
 
-    def __init__(self, generator: str) -> None:
+    def __init__(
+        self,
+        generator: str,
+        name: str | None = None,
+        configs: list[dict[str, Any]] | None = None,
+        common: dict[str, Any] | None = None,
+    ) -> None:
         self.generator = generator
-        self.name = f"tiny/{generator}"
-        self.levels = tuple(range(len(CONFIGS[generator])))
-        self.tags = ("tiny", "reasoning_gym")
+        self.name = name or f"tiny/{generator}"
+        self.configs = configs if configs is not None else CONFIGS[generator]
+        self.common = common if common is not None else COMMON.get(generator, {})
+        self.levels = tuple(range(len(self.configs)))
+        self.tags = (self.name.split("/", 1)[0], "reasoning_gym")
 
     @cached_property
     def datasets(self) -> list[Any]:
@@ -78,9 +86,9 @@ class TinyDomain(Domain):
                 self.generator,
                 seed=level,
                 size=POOL_SIZE,
-                **{**COMMON.get(self.generator, {}), **cfg},
+                **{**self.common, **cfg},
             )
-            for level, cfg in enumerate(CONFIGS[self.generator])
+            for level, cfg in enumerate(self.configs)
         ]
 
     def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
@@ -95,5 +103,11 @@ class TinyDomain(Domain):
 
 
 def domains() -> list[Domain]:
-    """Entry point of the ``tiny`` family."""
-    return [TinyDomain(g) for g in CONFIGS]
+    """Entry point of the ``tiny`` family, and of ``tinymix`` (see :mod:`domains.tiny_mix`).
+
+    ``tinymix/*`` rides on this entry point rather than its own, so that an existing editable
+    install sees it without re-installing the package.
+    """
+    from domains.tiny_mix import mix_domains
+
+    return [TinyDomain(g) for g in CONFIGS] + mix_domains()

@@ -1,0 +1,96 @@
+"""Headroom of a policy on small domains: greedy accuracy, pass@1 and pass@8 at T=1.
+
+The numbers that decide whether RL on a domain can learn anything: a domain where pass@8 is ~0
+gives GRPO no reward variance (no signal); one where greedy is already ~1 has nothing to gain.
+Same protocol as the 2026-11-30 headroom figures in docs/LOG.md: held-out tasks at level 0,
+one greedy answer and 8 samples at T=1 per task, the domain's own verifier.
+
+    .venv/bin/python benchmarks/tiny_headroom.py --domains 'tiny/*' 'tinymix/*' --all-candidates
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pick_domains(patterns: list[str], all_candidates: bool) -> dict[str, Any]:
+    from domains.tiny_mix import mix_domains
+    from megatron_rl.domains import load_domains
+
+    chosen = load_domains(patterns)
+    if all_candidates:  # also the tinymix candidates that are not registered
+        import fnmatch
+
+        for d in mix_domains(include_all=True):
+            if any(fnmatch.fnmatch(d.name, p) for p in patterns):
+                chosen.setdefault(d.name, d)
+    return dict(sorted(chosen.items()))
+
+
+def headroom(engine: Any, tok: Any, domain: Any, n: int, k: int, seed: int) -> dict[str, float]:
+    """Greedy accuracy, mean pass@1 at T=1 and pass@k at T=1 over ``n`` eval tasks."""
+    from megatron_rl.model.tokenizer import prompt_ids
+    from megatron_rl.rollout.base import GenRequest, SamplingParams
+
+    tasks = [domain.task("eval", i, domain.levels[0], seed) for i in range(n)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, n=1, seed=seed)
+    sample = SamplingParams(temperature=1.0, max_tokens=24, n=k, seed=seed)
+    reqs = [GenRequest(prompt_ids(tok, t.prompt), p) for p in (greedy, sample) for t in tasks]
+    outs = engine.generate(reqs)
+    g = [domain.verify(t, o[0].text).score for t, o in zip(tasks, outs[:n], strict=True)]
+    s = [[domain.verify(t, c.text).score for c in o] for t, o in zip(tasks, outs[n:], strict=True)]
+    return {
+        "greedy": sum(g) / n,
+        "pass1_t1": sum(sum(r) / k for r in s) / n,
+        f"pass{k}_t1": sum(max(r) for r in s) / n,
+        "mixed_groups": sum(0 < sum(r) < k for r in s) / n,  # groups with reward variance
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
+    ap.add_argument("--domains", nargs="+", default=["tiny/*", "tinymix/*"])
+    ap.add_argument("--all-candidates", action="store_true", help="unregistered tinymix too")
+    ap.add_argument("--n", type=int, default=48, help="held-out tasks per domain")
+    ap.add_argument("--k", type=int, default=8, help="samples per task at T=1")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the table here")
+    a = ap.parse_args(argv)
+    import torch
+
+    from megatron_rl.model.tokenizer import load_tokenizer
+    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.config import RolloutConfig
+
+    torch.set_num_threads(1)
+    engine = build_engine(RolloutConfig(engine="hf"), a.model, a.seed)
+    tok = load_tokenizer(a.model)
+    rows: dict[str, dict[str, float]] = {}
+    print(f"{'domain':<34} greedy pass@1 pass@{a.k} mixed   (n={a.n}, T=1, seed {a.seed})")
+    for name, d in pick_domains(a.domains, a.all_candidates).items():
+        t0 = time.time()
+        rows[name] = headroom(engine, tok, d, a.n, a.k, a.seed)
+        r = rows[name]
+        print(
+            f"{name:<34} {r['greedy']:6.3f} {r['pass1_t1']:6.3f} {r[f'pass{a.k}_t1']:6.3f} "
+            f"{r['mixed_groups']:5.2f}   {time.time() - t0:.1f} s",
+            flush=True,
+        )
+    engine.shutdown()
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,18 +1,24 @@
-"""Capability radar chart: eval accuracy per domain group, at the first sweep and now.
+"""Capability radar: eval accuracy per domain group (or per domain), first sweep vs now.
 
 A domain's group is its first tag, else the part of its name before the first '/', else its
-tier. Each axis is the mean eval score of the group's evaluated domains. Drawn with matplotlib's
-Agg backend (no display needed); the loop saves it into the run directory at every sweep and
-logs it to W&B as an image.
+tier. Each axis is the mean eval score of the group's evaluated domains. When grouping would
+leave fewer than ``MIN_GROUP_AXES`` axes (e.g. the demo: every domain is tagged ``tiny``), the
+chart has one axis per evaluated domain instead, so it says something per domain. Start is a
+dashed line with round markers, now a solid line with square markers, so both stay visible when
+they coincide. Drawn with matplotlib's Agg backend (no display needed); the loop saves it into
+the run directory at every sweep and logs it to W&B as an image.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from megatron_rl.scheduler.types import DomainInfo
+
+MIN_GROUP_AXES = 3  # fewer groups than this: one axis per domain
 
 
 def domain_group(d: DomainInfo) -> str:
@@ -33,6 +39,35 @@ def group_means(domains: list[DomainInfo], values: np.ndarray) -> tuple[list[str
     return groups, means
 
 
+@dataclass
+class RadarData:
+    """What the radar draws: one label and a start and a now value per axis (NaN: no eval)."""
+
+    mode: str  # 'group' (an axis per domain group) or 'domain' (an axis per domain)
+    labels: list[str]  # axis labels, in drawing order
+    start: np.ndarray  # [n_axes] eval mean at the first sweep
+    now: np.ndarray  # [n_axes] eval mean at the latest sweep
+
+
+def radar_data(domains: list[DomainInfo], start: np.ndarray, now: np.ndarray) -> RadarData:
+    """Axes and values: by group when that gives >= MIN_GROUP_AXES axes, else by domain."""
+    groups, start_g = group_means(domains, start)
+    _, now_g = group_means(domains, now)
+    evaluated = ~(np.isnan(start_g) & np.isnan(now_g))
+    if evaluated.sum() >= MIN_GROUP_AXES:
+        g = np.flatnonzero(evaluated)
+        return RadarData("group", [groups[i] for i in g], start_g[g], now_g[g])
+    keep = [i for i in range(len(domains)) if not (np.isnan(start[i]) and np.isnan(now[i]))]
+    keep = keep or list(range(len(domains)))
+    labels = [_short(domains[i].name) for i in keep]
+    return RadarData("domain", labels, np.asarray(start)[keep], np.asarray(now)[keep])
+
+
+def _short(name: str) -> str:
+    """A domain name without its family prefix, for an axis label."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
 def radar_png(
     domains: list[DomainInfo], start: np.ndarray, now: np.ndarray, path: str | Path
 ) -> Path:
@@ -41,21 +76,27 @@ def radar_png(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups, start_g = group_means(domains, start)
-    _, now_g = group_means(domains, now)
-    n = max(len(groups), 3)  # a polygon needs three axes; pad with empty ones
-    labels = groups + [""] * (n - len(groups))
+    data = radar_data(domains, np.asarray(start, float), np.asarray(now, float))
+    k = len(data.labels)
+    n = max(k, 3)  # a polygon needs three axes; pad with empty ones
+    labels = data.labels + [""] * (n - k)
     angles = np.linspace(0, 2 * np.pi, n, endpoint=False)
-    fig, ax = plt.subplots(figsize=(6, 6), subplot_kw={"projection": "polar"})
-    for values, label, style in ((start_g, "start", "--"), (now_g, "now", "-")):
-        v = np.nan_to_num(np.concatenate([values, np.zeros(n - len(groups))]))
-        ax.plot(np.append(angles, angles[0]), np.append(v, v[0]), style, label=label)
-        ax.fill(angles, v, alpha=0.15)
+    closed = np.append(angles, angles[0])
+    fig, ax = plt.subplots(figsize=(7, 7), subplot_kw={"projection": "polar"})
+    styles = (
+        (data.start, "start (first sweep)", dict(ls="--", marker="o", color="tab:gray", lw=1.5)),
+        (data.now, "now", dict(ls="-", marker="s", color="tab:blue", lw=2.0)),
+    )
+    for values, label, style in styles:
+        v = np.nan_to_num(np.concatenate([values, np.zeros(n - k)]))
+        ax.plot(closed, np.append(v, v[0]), label=label, markersize=5, **style)  # type: ignore[arg-type]
+        ax.fill(angles, v, alpha=0.12, color=style["color"])
     ax.set_xticks(angles)
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylim(0, 1)
-    ax.legend(loc="upper right", bbox_to_anchor=(1.2, 1.1))
-    ax.set_title("eval accuracy per domain group")
+    ax.legend(loc="upper right", bbox_to_anchor=(1.25, 1.12))
+    per = "domain" if data.mode == "domain" else "domain group"
+    ax.set_title(f"held-out accuracy per {per}: first sweep vs now")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80, bbox_inches="tight")

@@ -19,6 +19,7 @@ from megatron_rl.model.policy import Policy
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine, build_engine
 from megatron_rl.scheduler import DomainScheduler
+from megatron_rl.scheduler.curves import curves_png
 from megatron_rl.train.evaluate import evaluate
 from megatron_rl.train.runtime import Runtime, export_hf
 
@@ -87,6 +88,8 @@ def run_eval(
         rt.tracker.image(max(step, 0), "eval/radar", png)
         append_eval_failures(rt.run_dir, max(step, 0), res.records)
     rt.tracker.log(max(step, 0), metrics)
+    if rt.is_main:  # drawn from metrics.jsonl / events.jsonl, so after this sweep is logged
+        rt.tracker.image(max(step, 0), "eval/curves", curves_png(rt.run_dir))
     return {"accuracy": res.accuracy, "mean": res.mean, "metrics": metrics}
 
 

@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench base-model clean
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler base-model clean
 
 setup:
 	bash launch/setup_env.sh
@@ -25,6 +25,11 @@ test: setup lint typecheck unit
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# The domain scheduler in real training: 4 arms x 3 report seeds on 12 tiny domains, ~90 min
+# on 2 cores (not part of `make bench`); writes benchmarks/scheduler_real.json and PNGs.
+bench-scheduler: setup
+	$(BIN)/python benchmarks/scheduler_real.py
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

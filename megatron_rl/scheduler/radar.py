@@ -71,32 +71,47 @@ def _short(name: str) -> str:
 def radar_png(
     domains: list[DomainInfo], start: np.ndarray, now: np.ndarray, path: str | Path
 ) -> Path:
+    """The run's radar: first sweep (dashed, round markers) vs now (solid, squares)."""
+    data = radar_data(domains, np.asarray(start, float), np.asarray(now, float))
+    per = "domain" if data.mode == "domain" else "domain group"
+    lines = {"start (first sweep)": data.start, "now": data.now}
+    return draw_radar(data.labels, lines, path, f"held-out accuracy per {per}: first sweep vs now")
+
+
+STYLES = (  # line styles in drawing order: the first one is the reference (start, baseline)
+    {"ls": "--", "marker": "o", "color": "tab:gray", "lw": 1.5},
+    {"ls": "-", "marker": "s", "color": "tab:blue", "lw": 2.0},
+    {"ls": "-", "marker": "^", "color": "tab:orange", "lw": 1.5},
+    {"ls": "-", "marker": "D", "color": "tab:green", "lw": 1.5},
+    {"ls": "-", "marker": "v", "color": "tab:red", "lw": 1.5},
+    {"ls": "-", "marker": "P", "color": "tab:purple", "lw": 1.5},
+)
+
+
+def draw_radar(
+    labels: list[str], lines: dict[str, np.ndarray], path: str | Path, title: str
+) -> Path:
+    """A polar chart with one closed line per entry of ``lines`` (values in [0, 1], NaN as 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = radar_data(domains, np.asarray(start, float), np.asarray(now, float))
-    k = len(data.labels)
+    k = len(labels)
     n = max(k, 3)  # a polygon needs three axes; pad with empty ones
-    labels = data.labels + [""] * (n - k)
     angles = np.linspace(0, 2 * np.pi, n, endpoint=False)
     closed = np.append(angles, angles[0])
     fig, ax = plt.subplots(figsize=(7, 7), subplot_kw={"projection": "polar"})
-    styles = (
-        (data.start, "start (first sweep)", dict(ls="--", marker="o", color="tab:gray", lw=1.5)),
-        (data.now, "now", dict(ls="-", marker="s", color="tab:blue", lw=2.0)),
-    )
-    for values, label, style in styles:
-        v = np.nan_to_num(np.concatenate([values, np.zeros(n - k)]))
+    for j, (label, values) in enumerate(lines.items()):
+        style = STYLES[j % len(STYLES)]
+        v = np.nan_to_num(np.concatenate([np.asarray(values, float), np.zeros(n - k)]))
         ax.plot(closed, np.append(v, v[0]), label=label, markersize=5, **style)  # type: ignore[arg-type]
-        ax.fill(angles, v, alpha=0.12, color=style["color"])
+        ax.fill(angles, v, alpha=0.08, color=style["color"])
     ax.set_xticks(angles)
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticklabels(labels + [""] * (n - k), fontsize=8)
     ax.set_ylim(0, 1)
-    ax.legend(loc="upper right", bbox_to_anchor=(1.25, 1.12))
-    per = "domain" if data.mode == "domain" else "domain group"
-    ax.set_title(f"held-out accuracy per {per}: first sweep vs now")
+    ax.legend(loc="upper right", bbox_to_anchor=(1.3, 1.12), fontsize=8)
+    ax.set_title(title)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80, bbox_inches="tight")

@@ -1,0 +1,83 @@
+"""benchmarks/scheduler_real.py (``make bench-scheduler``): same budget for every arm, the
+numbers it reports from a run's own curves, and a smoke run of real training for every arm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import scheduler_real as sr  # noqa: E402
+
+
+def test_seeds_fixed_and_apart_and_arms_share_the_rollout_budget(tmp_path, monkeypatch) -> None:
+    assert len(sr.REPORT_SEEDS) >= 3 and not set(sr.REPORT_SEEDS) & set(sr.DEV_SEEDS)
+    a = sr.parse(["--run-dir", str(tmp_path)])
+    assert sr.planned_groups(a, tmp_path) == dict.fromkeys(sr.ARMS, 32)  # 16 trained x 2
+    assert len(a.domains) >= 10
+    arms = dict(sr.ARMS, cheap=[*sr.BUDGET, "scheduler.oversample=1.5"])
+    monkeypatch.setattr(sr, "ARMS", arms)
+    with pytest.raises(ValueError, match="different groups per step"):
+        sr.planned_groups(a, tmp_path)
+
+
+def write_run(run: Path) -> None:
+    rows = [
+        {"step": 0, "eval/d/a/accuracy": 0.2, "eval/d/b/accuracy": 0.5},
+        {"step": 0, "rollout/samples": 32},
+        {"step": 1, "rollout/samples": 32},
+        {"step": 1, "eval/d/a/accuracy": 0.6, "eval/d/b/accuracy": 0.7},
+        {"step": 2, "eval/d/a/accuracy": 0.59, "eval/d/b/accuracy": 0.4},
+    ]
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"wall_s": 12.5}))
+    (run / "events.jsonl").write_text(
+        json.dumps({"step": 2, "event": "regression", "domain": "d/b"})
+    )
+
+
+def test_score_run_reads_the_runs_own_curves(tmp_path) -> None:
+    write_run(tmp_path / "r")
+    s = sr.score_run(tmp_path / "r", group_size=4)
+    assert s["final"] == {"d/a": 0.59, "d/b": 0.4} and s["start"] == {"d/a": 0.2, "d/b": 0.5}
+    assert s["mean_acc"] == pytest.approx(0.495) and s["worst_acc"] == 0.4
+    assert s["regressions"] == 1 and s["regressed"] == ["d/b"]  # a: 1 point below its best
+    assert s["rollouts_per_step"] == 8.0 and s["wall_s"] == 12.5
+    assert [e["domain"] for e in s["seesaw_events"]] == ["d/b"]
+
+
+def test_smoke_run_of_every_arm(tmp_path) -> None:
+    """Real training (2 steps) of all four arms; nothing tracked is written."""
+    out, runs = tmp_path / "s.json", tmp_path / "runs"
+    args = ["--smoke", "--out", str(out), "--run-dir", str(runs), "--wandb", "disabled"]
+    assert sr.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert list(doc) == ["dev"]  # dev seeds only, never written where report seeds go
+    dev = doc["dev"]
+    assert dev["seed_values"] == list(sr.DEV_SEEDS)
+    assert set(dev["generated_groups_per_step"].values()) == {4}
+    for arm in sr.ARMS:
+        (r,) = dev["results"][arm].values()
+        assert r["rollouts_per_step"] == 4.0
+        assert 0.0 <= r["worst_acc"] <= r["mean_acc"] <= 1.0 and r["wall_s"] > 0
+        assert sorted(r["final"]) == sorted(dev["domains"])
+        run = Path(r["run_dir"])
+        assert (run / "radar.png").is_file() and (run / "eval_curves.png").is_file()
+    assert (tmp_path / "s_radar.png").is_file() and (tmp_path / "s_curves.png").is_file()
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "benchmarks"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert "scheduler_real" not in status.stdout.replace("scheduler_real.py", "")
+
+
+def test_parse_smoke_is_small() -> None:
+    a: argparse.Namespace = sr.parse(["--smoke"])
+    assert (a.seeds, a.steps, a.prompts) == ("dev", 2, 2) and len(a.domains) == 3

@@ -147,7 +147,8 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
     final = {d: pts[-1][1] for d, pts in curves.items()}
     best = {d: max(v for _, v in pts) for d, pts in curves.items()}
     start = {d: pts[0][1] for d, pts in curves.items()}
-    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "rollout/samples" in r]
+    metrics = read_jsonl(run / "metrics.jsonl")
+    rows = [r for r in metrics if "rollout/samples" in r]
     summary = json.loads((run / "summary.json").read_text())
     return {
         "mean_acc": float(np.mean(list(final.values()))),
@@ -158,6 +159,7 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
         "start_mean_acc": float(np.mean(list(start.values()))),
         "final": final,
         "start": start,
+        "mixed_share": mixed_share(metrics, list(final)),
         "regressed": sorted(d for d in final if final[d] < best[d] - REGRESSION_POINTS),
         "seesaw_events": [
             e
@@ -166,6 +168,16 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
         ],
         "run_dir": str(run),
     }
+
+
+def mixed_share(rows: list[dict[str, Any]], domains: list[str]) -> dict[str, float]:
+    """Per domain, the run's mean share of groups with reward variance (1 - zero_var_frac)."""
+    out = {}
+    for d in domains:
+        v = [1.0 - r[f"sched/{d}/zero_var_frac"] for r in rows if f"sched/{d}/zero_var_frac" in r]
+        if v:
+            out[d] = float(np.mean(v))
+    return out
 
 
 def run_all(a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class TinyDomain(Domain):
     ) -> None:
         self.generator = generator
         self.name = name or f"tiny/{generator}"
+        self.family = self.name.split("/", 1)[0]
         self.configs = configs if configs is not None else CONFIGS[generator]
         self.common = common if common is not None else COMMON.get(generator, {})
         self.levels = tuple(range(len(self.configs)))

@@ -91,3 +91,14 @@ def test_curves_of_an_empty_run_and_seesaw_of_unknown_domain(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="tiny/zzz"):
         seesaw_png(tmp_path, "tiny/zzz", tmp_path / "s.png")
     assert seesaw_png(tmp_path, "tiny/b", tmp_path / "s.png").stat().st_size > 10_000
+
+
+def test_curves_cli_finds_the_regressed_domain(tmp_path: Path, capsys) -> None:
+    from megatron_rl.scheduler.curves import main
+
+    write_run(tmp_path)
+    assert main([str(tmp_path), "--seesaw", str(tmp_path / "seesaw.png")]) == 0
+    assert (tmp_path / "seesaw.png").is_file() and "seesaw.png" in capsys.readouterr().out
+    (tmp_path / "events.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="no regression event"):
+        main([str(tmp_path), "--seesaw", str(tmp_path / "x.png")])

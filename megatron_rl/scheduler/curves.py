@@ -5,11 +5,14 @@ each sweep), the seesaw guard's ``regression`` events marked with a downward tri
 domain's line (``recovery`` with an upward one). ``seesaw_png``: one domain's story in three
 panels (its eval curve with the events, its share of the mix, its sampling temperature), from
 the ``sched/<domain>/weight`` and ``sched/<domain>/temperature`` metrics; the picture of
-docs/scheduler_seesaw.png. Both read only the run directory, so they also redraw finished runs.
+docs/scheduler_seesaw.png. Both read only the run directory, so they also redraw finished runs:
+
+    python -m megatron_rl.scheduler.curves RUN_DIR --seesaw docs/scheduler_seesaw.png
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,3 +142,25 @@ def seesaw_png(run_dir: str | Path, domain: str, path: str | Path) -> Path:
     axes[0].set_title(f"{domain}: seesaw guard events (red: regression, green: recovery)")
     axes[-1].set_xlabel("step")
     return _save(fig, plt, Path(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="redraw a run's eval curves (and a seesaw panel)")
+    ap.add_argument("run_dir")
+    ap.add_argument("--seesaw", default=None, help="also draw the seesaw panel to this path")
+    ap.add_argument("--domain", default=None, help="its domain (default: first regression)")
+    a = ap.parse_args(argv)
+    print(curves_png(a.run_dir))
+    if a.seesaw:
+        domain = a.domain
+        if domain is None:
+            hits = [m for m in curve_data(a.run_dir).marks if m[2] == "regression"]
+            if not hits:
+                raise SystemExit(f"no regression event in {a.run_dir}/events.jsonl; pass --domain")
+            domain = hits[0][1]
+        print(seesaw_png(a.run_dir, domain, a.seesaw))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,3 +58,27 @@ def test_interference_erodes_less_from_a_domain_near_zero():
     sim.train([GroupResult(sim.names[0], 0, [1.0, 0.0] * 4, [1] * 8, [False] * 8)])
     loss = before - sim.skill
     assert 0 < loss[other[0]] < 0.01 * loss[other[1]]
+
+
+def test_benchmark_table_leads_with_the_same_budget_baseline():
+    """benchmarks/scheduler_sim.py: the first row generates as many rollouts as the adaptive
+    scheduler, and the seeds it reports were never used for development."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import scheduler_sim as bench
+
+    first, (cfg, mult) = next(iter(bench.CONFIGS.items()))
+    assert first == bench.BASELINE and mult == 1
+    assert not set(bench.REPORT_SEEDS) & set(bench.DEV_SEEDS) and len(bench.REPORT_SEEDS) >= 3
+    runs = {
+        name: simulate(bench.CONFIGS[name][0], SMALL, seed=0, steps=5, num_groups=8)
+        for name in (bench.BASELINE, "adaptive (all features)", bench.UNIFORM)
+    }
+    assert runs[bench.BASELINE].rollouts == runs["adaptive (all features)"].rollouts == 80
+    assert runs[bench.UNIFORM].rollouts == 40
+    ada = np.array([[0.9, 0.5, 0.6, 1.0, 16], [0.8, 0.4, 0.5, 3.0, 16]])
+    base = np.array([[0.8, 0.6, 0.6, 1.0, 16], [0.7, 0.3, 0.5, 2.0, 16]])
+    line = bench.per_seed(ada, base, "b")
+    assert "higher mean acc 2/2, higher worst 1/2, fewer regressions 0/2 (ties 1)" in line

@@ -4,15 +4,16 @@ A domain's group is its first tag, else the part of its name before the first '/
 tier. Each axis is the mean eval score of the group's evaluated domains. When grouping would
 leave fewer than ``MIN_GROUP_AXES`` axes (e.g. the demo: every domain is tagged ``tiny``), the
 chart has one axis per evaluated domain instead, so it says something per domain. Start is a
-dashed line with round markers, now a solid line with square markers, so both stay visible when
-they coincide. Drawn with matplotlib's Agg backend (no display needed); the loop saves it into
-the run directory at every sweep and logs it to W&B as an image.
+dashed black line with large hollow round markers drawn on top of now (solid blue, squares), so
+both stay visible where they coincide. Drawn with matplotlib's Agg backend (no display needed);
+the loop saves it into the run directory at every sweep and logs it to W&B as an image.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,13 +79,15 @@ def radar_png(
     return draw_radar(data.labels, lines, path, f"held-out accuracy per {per}: first sweep vs now")
 
 
-STYLES = (  # line styles in drawing order: the first one is the reference (start, baseline)
-    {"ls": "--", "marker": "o", "color": "tab:gray", "lw": 1.5},
-    {"ls": "-", "marker": "s", "color": "tab:blue", "lw": 2.0},
-    {"ls": "-", "marker": "^", "color": "tab:orange", "lw": 1.5},
-    {"ls": "-", "marker": "D", "color": "tab:green", "lw": 1.5},
-    {"ls": "-", "marker": "v", "color": "tab:red", "lw": 1.5},
-    {"ls": "-", "marker": "P", "color": "tab:purple", "lw": 1.5},
+# line styles in drawing order; the first (the reference: start, or a baseline) is dashed with
+# large hollow markers drawn on top, so it stays visible where it coincides with a later line
+STYLES: tuple[dict[str, Any], ...] = (
+    {"ls": "--", "marker": "o", "color": "black", "lw": 1.2, "ms": 9, "mfc": "none", "zorder": 4},
+    {"ls": "-", "marker": "s", "color": "tab:blue", "lw": 2.5, "ms": 5},
+    {"ls": "-", "marker": "^", "color": "tab:orange", "lw": 1.5, "ms": 5},
+    {"ls": "-", "marker": "D", "color": "tab:green", "lw": 1.5, "ms": 5},
+    {"ls": "-", "marker": "v", "color": "tab:red", "lw": 1.5, "ms": 5},
+    {"ls": "-", "marker": "P", "color": "tab:purple", "lw": 1.5, "ms": 5},
 )
 
 
@@ -105,11 +108,11 @@ def draw_radar(
     for j, (label, values) in enumerate(lines.items()):
         style = STYLES[j % len(STYLES)]
         v = np.nan_to_num(np.concatenate([np.asarray(values, float), np.zeros(n - k)]))
-        ax.plot(closed, np.append(v, v[0]), label=label, markersize=5, **style)  # type: ignore[arg-type]
+        ax.plot(closed, np.append(v, v[0]), label=label, **style)
         ax.fill(angles, v, alpha=0.08, color=style["color"])
     ax.set_xticks(angles)
     ax.set_xticklabels(labels + [""] * (n - k), fontsize=8)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.05)
     ax.legend(loc="upper right", bbox_to_anchor=(1.3, 1.12), fontsize=8)
     ax.set_title(title)
     out = Path(path)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -130,7 +131,8 @@ def run_one(arm: str, seed: int, a: argparse.Namespace, run_dir: Path) -> Path:
     cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG)]
     cmd += overrides(arm, seed, a, run_dir)
     out = run_dir / f"{slug(arm)}-s{seed}"
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: the CLI would resume an old one
+    out.mkdir(parents=True)
     with (out / "bench_stdout.txt").open("w") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:

@@ -38,14 +38,18 @@ from long_context.packing import PackedBatch
 
 
 def check_cp_supported(cp: int) -> None:
-    """Raise ``ValueError`` when ``cp > 1`` cannot run here (it needs Transformer Engine)."""
+    """Raise ``ValueError`` when ``cp > 1`` cannot run here.
+
+    On CPU, CP runs with ``long_context/cp_attention.py``. On GPU the CP path is Transformer
+    Engine's attention, so there (and only there) CP needs Transformer Engine.
+    """
     if cp < 1:
         raise ValueError(f"parallel.cp must be >= 1, got {cp}")
-    if cp > 1 and importlib.util.find_spec("transformer_engine") is None:
+    have_te = importlib.util.find_spec("transformer_engine") is not None
+    if cp > 1 and torch.cuda.is_available() and not have_te:
         raise ValueError(
-            f"parallel.cp={cp} needs Transformer Engine (context-parallel attention is "
-            "implemented only in transformer_engine, which installs only with CUDA); "
-            "install transformer_engine on a GPU machine or set parallel.cp=1"
+            f"parallel.cp={cp} on GPU needs Transformer Engine (the GPU context-parallel "
+            "attention is transformer_engine's); install transformer_engine or set parallel.cp=1"
         )
 
 
@@ -207,3 +211,36 @@ def all_reduce_sum(value: torch.Tensor, group: Any = None) -> torch.Tensor:
     out = value.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
+
+
+class _GatherRow(torch.autograd.Function):
+    """All-gather a local per-token tensor over CP and merge it into the real row, with grad.
+
+    Every CP rank then computes the same function of the whole row (the loss), so the gradient
+    reaching a rank's local values is simply its own entries of the row's gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, local: torch.Tensor, layout: CPLayout, rank: int, group: Any
+    ) -> torch.Tensor:
+        ctx.layout, ctx.rank = layout, rank
+        return all_gather_merge(local, layout, group=group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        layout: CPLayout = ctx.layout
+        padded = to_padded(grad, layout)
+        return padded[layout.rank_index[ctx.rank].to(grad.device)], None, None, None
+
+
+def gather_token_aligned(
+    local_next: torch.Tensor, part: CPShard, rank: int, group: Any = None
+) -> torch.Tensor:
+    """This rank's next-token values [L] -> the whole row [T] in token alignment, differentiable.
+
+    ``local_next[i]`` scores ``part.labels[i]``; the result ``out[t]`` scores ``tokens[t]`` (0 at
+    sequence starts), as the unsplit policy returns it. Pad positions are dropped.
+    """
+    merged: torch.Tensor = _GatherRow.apply(local_next, part.layout, rank, group)
+    return to_token_aligned(merged, part.layout.cu_seqlens.to(merged.device))

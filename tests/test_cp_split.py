@@ -112,10 +112,17 @@ def test_bad_rank_and_degree() -> None:
         check_cp_supported(0)
 
 
-def test_check_cp_supported_names_transformer_engine() -> None:
+def test_check_cp_supported_refuses_only_gpu_without_te(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CP runs on CPU (long_context/cp_attention.py); on GPU its attention is TE's (issue 17)."""
     check_cp_supported(1)  # always fine
-    if importlib.util.find_spec("transformer_engine") is not None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_cp_supported(2)  # CPU: no Transformer Engine needed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformer_engine" else real_find_spec(name, *a),
+    )
+    with pytest.raises(ValueError, match="parallel.cp=2 on GPU needs Transformer Engine"):
         check_cp_supported(2)
-    else:
-        with pytest.raises(ValueError, match="Transformer Engine"):
-            check_cp_supported(2)

@@ -123,13 +123,14 @@ def test_step_changed_the_model(results: dict[str, dict]) -> None:
         (ParallelConfig(tp=4), 4, {"num_attention_heads": 2}, r"tp=4 must divide .*heads=2"),
         (ParallelConfig(tp=2), 2, {"num_query_groups": 1}, r"tp=2 must divide .*groups=1"),
         (ParallelConfig(pp=3), 3, {"num_layers": 2}, r"pp=3 must divide model.num_layers=2"),
-        (ParallelConfig(cp=2), 2, {}, r"Transformer Engine"),
+        (ParallelConfig(cp=2), 3, {}, r"world size 3 is not divisible .*parallel.cp = 1 \* 1 \* 2"),
+        (ParallelConfig(cp=2, pp=2), 4, {}, r"parallel.cp=2 with parallel.pp=2 is not supported"),
         (ParallelConfig(tp=0), 1, {}, r"parallel.tp must be >= 1"),
     ],
 )
 def test_bad_layout_is_one_clear_line(parallel, world, model, match) -> None:
-    if parallel.cp > 1 and _have_te():
-        pytest.skip("Transformer Engine present: cp > 1 is allowed")
+    if parallel.cp > 1 and parallel.pp > 1 and torch.cuda.is_available():
+        pytest.skip("on GPU, CP with PP is Transformer Engine's and allowed")
     with pytest.raises(ValueError, match=match) as err:
         validate_layout(parallel, world, tiny_model_config(**model))
     assert "\n" not in str(err.value)
@@ -143,8 +144,3 @@ def test_init_distributed_rejects_layout_before_starting(monkeypatch: pytest.Mon
         init_distributed(ParallelConfig(pp=2), seed=0)
     assert not torch.distributed.is_initialized()
 
-
-def _have_te() -> bool:
-    from megatron_rl.model.parallel import have_transformer_engine
-
-    return have_transformer_engine()

@@ -53,7 +53,7 @@ class ParallelConfig:
 
     tp: int = 1  # tensor-parallel degree
     pp: int = 1  # pipeline-parallel degree
-    cp: int = 1  # context-parallel degree (needs Transformer Engine, GPU only)
+    cp: int = 1  # context-parallel degree (TE attention on GPU, long_context/cp_attention on CPU)
     dp: int = 0  # data-parallel degree; 0: derived (world / (tp * pp * cp)), else must match it
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
 
@@ -65,4 +65,4 @@ class ParallelConfig:
             raise ValueError(f"parallel.dp must be >= 0 (0: derived), got {self.dp}")
         from long_context.cp import check_cp_supported
 
-        check_cp_supported(self.cp)  # cp > 1 needs Transformer Engine (GPU only)
+        check_cp_supported(self.cp)  # cp > 1 on GPU needs Transformer Engine

@@ -85,13 +85,22 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
     )
 
 
-def layer_spec(cfg: ModelConfig) -> Any:
-    """Transformer-layer spec: TE on GPU when available, megatron-core local otherwise."""
+def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
+    """Transformer-layer spec: TE on GPU when available, megatron-core local otherwise.
+
+    With ``cp > 1`` and the local spec, the core attention is the CPU context-parallel one
+    (``long_context/cp_attention.py``), which takes the same THD layout as TE's CP attention.
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if use_te_spec():
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
-    return specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=False)
+    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=False)
+    if cp > 1:
+        from long_context.cp_attention import CPDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = CPDotProductAttention
+    return spec
 
 
 def build_gpt_model(
@@ -112,7 +121,7 @@ def build_gpt_model(
     parallel = parallel or ParallelConfig()
     model = GPTModel(
         config=transformer_config(cfg, parallel),
-        transformer_layer_spec=layer_spec(cfg),
+        transformer_layer_spec=layer_spec(cfg, parallel.cp),
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.max_position_embeddings,
         pre_process=pre_process,

@@ -59,7 +59,7 @@ CONTROL_TIMEOUT = timedelta(hours=6)  # longest a rank waits on the controller (
 
 
 def have_transformer_engine() -> bool:
-    """True when Transformer Engine imports (needed for CP and the THD packed layout)."""
+    """True when Transformer Engine imports (needed for CP on GPU and the THD packed layout)."""
     try:
         import transformer_engine  # noqa: F401
     except Exception:
@@ -82,10 +82,15 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
             f"world size {world_size} is not divisible by parallel.tp * parallel.pp * parallel.cp "
             f"= {tp} * {pp} * {cp} = {tp * pp * cp}; choose sizes whose product divides it"
         )
-    if cp > 1 and not have_transformer_engine():
+    if cp > 1 and torch.cuda.is_available() and not have_transformer_engine():
         raise ValueError(
-            f"parallel.cp={cp} needs Transformer Engine (GPU only), which does not import here; "
-            "use parallel.cp=1"
+            f"parallel.cp={cp} on GPU needs Transformer Engine (its attention is the GPU CP path), "
+            "which does not import here; install transformer_engine or use parallel.cp=1"
+        )
+    if cp > 1 and pp > 1 and not torch.cuda.is_available():
+        raise ValueError(
+            f"parallel.cp={cp} with parallel.pp={pp} is not supported on CPU "
+            "(context parallelism runs with parallel.pp=1); set parallel.pp=1 or parallel.cp=1"
         )
     if model is None:
         return

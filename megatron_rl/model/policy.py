@@ -9,6 +9,16 @@ uses positions ``0..T-1`` of the row, and because RoPE is relative the offset of
 the row cancels in its attention scores (tested against running each sequence alone). On GPU with
 Transformer Engine the same batch runs in the THD layout (``PackedSeqParams``), without a mask.
 
+Context parallelism (``parallel.cp > 1``): each micro-batch is split per CP rank in Megatron/TE's
+load-balanced THD layout (``long_context/cp_te.py``: every sequence padded to a multiple of
+``2 * cp``, rank r holding chunks r and 2cp-1-r); the attention is TE's on GPU and
+``long_context/cp_attention.py`` elsewhere, fed the same ``PackedSeqParams``. RoPE rotates each
+token by its global position inside its sequence. Each rank scores its own next-token labels and
+the log-probs / entropies are all-gathered over the CP group (with gradient), so ``loss_fn`` sees
+whole rows and computes the same loss, with the same normaliser, on every CP rank. The schedule
+multiplies the loss by ``cp`` and DDP averages grads over ``dp x cp``; together they add up the CP
+ranks' shares of the gradient.
+
 Log-prob alignment (see ``packing.py``): ``logprobs[t] = log softmax(logits[t-1] / T)[tokens[t]]``
 within a sequence and 0 at every sequence start; ``entropy[t]`` is the entropy of that same
 temperature-scaled distribution (the one that predicts token t), also 0 at sequence starts. With
@@ -18,8 +28,8 @@ TP the vocabulary is split; log-softmax and entropy are computed with all-reduce
 Loss-normalisation contract of :meth:`Policy.forward_backward`: the gradient is that of
 ``sum over batches of loss_fn(batch, ...)``, exactly. The caller's ``loss_fn`` does all the
 normalisation (e.g. divides by the token count of the whole step). Megatron's schedule divides each
-micro-batch loss by the number of micro-batches (and multiplies by the CP size); we multiply the
-loss handed to it by ``num_microbatches / cp`` to undo that. Across data-parallel replicas,
+micro-batch loss by the number of micro-batches; we multiply the loss handed to it by
+``num_microbatches`` to undo that. Across data-parallel replicas,
 Megatron DDP averages gradients, so with DP > 1 the step's gradient is the mean over DP ranks of
 each rank's summed loss: a caller normalising by a global token count should multiply by ``dp``.
 """
@@ -36,7 +46,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from long_context.packing import PackedBatch, to_device
+from long_context.cp import CPShard, all_gather_merge, gather_token_aligned
+from long_context.cp_te import te_cp_inputs
+from long_context.packing import PackedBatch, pack, to_device
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.gpt import (
@@ -62,11 +74,6 @@ class Policy:
         self.dist = dist_info
         self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
         validate_layout(self.parallel, dist_info.world_size, model_cfg)
-        if dist_info.cp > 1:
-            raise ValueError(
-                f"parallel.cp={dist_info.cp}: Policy does not yet split packed batches over "
-                "context-parallel ranks (long_context/cp.py has the split); use parallel.cp=1"
-            )
         self.spec: convert.Spec = "te" if use_te_spec() else "local"
         self.module = build_gpt_model(
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
@@ -139,28 +146,39 @@ class Policy:
     def _run_schedule(
         self,
         batches: list[PackedBatch],
-        on_logits: Callable[[PackedBatch, Tensor], tuple[Tensor, dict[str, Any]]],
+        on_logits: Callable[[PackedBatch, Tensor, CPShard | None], tuple[Tensor, dict[str, Any]]],
         forward_only: bool,
     ) -> list[dict[str, Any]]:
         """Run Megatron's forward(-backward) schedule over packed batches, one per micro-batch.
 
-        ``on_logits(batch, logits [T, V/tp]) -> (loss, outputs)`` runs on the last stage; the list
-        of ``outputs`` comes back there (empty elsewhere).
+        ``on_logits(batch, logits [T, V/tp], part) -> (loss, outputs)`` runs on the last stage; the
+        list of ``outputs`` comes back there (empty elsewhere). Under CP the logits are this
+        rank's share [L, V/tp] and ``part`` (a ``CPShard``) says which tokens they are.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [to_device(b, self.dist.device) for b in batches]
         n = len(batches)
-        scale = n / self.dist.cp  # undo the schedule's loss / num_microbatches * cp
+        # Undo the schedule's loss / num_microbatches. Its "* cp" stays: under CP every rank
+        # computes the whole (gathered) loss, holds 1/cp-th of the graph, and DDP averages the
+        # grads over dp x cp, so the factor cp turns that average into the needed CP sum.
+        scale = float(n)
 
-        def loss_func(batch: PackedBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            loss, outputs = on_logits(batch, output[0])
+        def loss_func(
+            batch: PackedBatch, part: CPShard | None, output: Tensor
+        ) -> tuple[Tensor, dict[str, Any]]:
+            loss, outputs = on_logits(batch, output[0], part)
             return loss * scale, outputs
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
             batch = next(data_iterator)
+            if self.dist.cp > 1:
+                cp_in = te_cp_inputs(batch, self.dist.cp, self.dist.cp_rank, self.dist.device)
+                packed = cp_in.packed_seq_params
+                out = model(cp_in.tokens, cp_in.position_ids, None, packed_seq_params=packed)
+                return out, partial(loss_func, batch, cp_in.shard)
             tokens, mask, packed = self._packed_inputs(batch)
-            return self._forward(model, tokens, mask, packed), partial(loss_func, batch)
+            return self._forward(model, tokens, mask, packed), partial(loss_func, batch, None)
 
         self.model.train(not forward_only)
         return get_forward_backward_func()(
@@ -172,6 +190,32 @@ class Policy:
             micro_batch_size=1,
             forward_only=forward_only,
         )
+
+    def _token_stats(
+        self,
+        batch: PackedBatch,
+        logits: Tensor,
+        part: CPShard | None,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs [T] (and entropy [T]) of the whole row in token alignment, differentiable.
+
+        Under CP (``part`` given) each rank scores its own labels and the results are gathered
+        over the CP group, so every CP rank gets the whole row (and computes the whole loss).
+        """
+        if part is None:
+            lp, ent = vocab_parallel_logprobs(
+                logits[:-1], batch.tokens[1:], temperature, with_entropy
+            )
+            return align_to_tokens(lp, batch), None if ent is None else align_to_tokens(ent, batch)
+        from megatron.core import parallel_state as mpu
+
+        labels = part.labels.to(logits.device)
+        lp, ent = vocab_parallel_logprobs(logits, labels, temperature, with_entropy)
+        group, rank = mpu.get_context_parallel_group(), self.dist.cp_rank
+        lp = gather_token_aligned(lp, part, rank, group)
+        return lp, None if ent is None else gather_token_aligned(ent, part, rank, group)
 
     def _broadcast_from_last_stage(self, tensor: Tensor) -> Tensor:
         """Copy ``tensor`` (valid on the last PP stage) to every stage of this pipeline."""
@@ -209,13 +253,13 @@ class Policy:
         if not batches:
             return []
 
-        def on_logits(batch: PackedBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            lp, ent = vocab_parallel_logprobs(
-                logits[:-1], batch.tokens[1:], temperature, with_entropy
-            )
-            out = {"lp": align_to_tokens(lp, batch)}
+        def on_logits(
+            batch: PackedBatch, logits: Tensor, part: CPShard | None
+        ) -> tuple[Tensor, dict[str, Any]]:
+            lp, ent = self._token_stats(batch, logits, part, temperature, with_entropy)
+            out = {"lp": lp}
             if ent is not None:
-                out["ent"] = align_to_tokens(ent, batch)
+                out["ent"] = ent
             return lp.new_zeros(()), out
 
         outs = self._run_schedule(batches, on_logits, forward_only=True)
@@ -238,6 +282,8 @@ class Policy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
+        if self.dist.cp > 1:
+            return self._cp_logits(tokens)
         tokens = tokens.to(self.dist.device)
         b, s = tokens.shape
         causal = torch.ones(s, s, dtype=torch.bool, device=self.dist.device).triu(1)[None, None]
@@ -264,6 +310,29 @@ class Policy:
             full = full.float()
         return self._broadcast_from_last_stage(full.contiguous()).cpu()
 
+    def _cp_logits(self, tokens: Tensor) -> Tensor:
+        """:meth:`logits` under CP: the rows run as one packed batch split over the CP ranks."""
+        from megatron.core import parallel_state as mpu
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        b, s = tokens.shape
+        rows = pack(tokens.tolist(), [[0.0] * s] * b)
+
+        def on_logits(
+            batch: PackedBatch, logits: Tensor, part: CPShard | None
+        ) -> tuple[Tensor, dict[str, Any]]:
+            assert part is not None
+            tp_group = mpu.get_tensor_model_parallel_group()
+            full = gather_from_tensor_model_parallel_region(logits, group=tp_group).float()
+            group = mpu.get_context_parallel_group()
+            return full.new_zeros(()), {"rows": all_gather_merge(full, part.layout, group)}
+
+        outs = self._run_schedule([rows], on_logits, forward_only=True)
+        full = torch.zeros(b * s, self.cfg.vocab_size, device=self.dist.device)
+        if self.dist.is_last_stage:
+            full = outs[0]["rows"]
+        return self._broadcast_from_last_stage(full.reshape(b, s, -1).contiguous()).cpu()
+
     # ------------------------------------------------------------------ training
 
     def forward_backward(
@@ -278,10 +347,12 @@ class Policy:
         if not batches:
             return []
 
-        def on_logits(batch: PackedBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            lp, ent = vocab_parallel_logprobs(logits[:-1], batch.tokens[1:], temperature, True)
+        def on_logits(
+            batch: PackedBatch, logits: Tensor, part: CPShard | None
+        ) -> tuple[Tensor, dict[str, Any]]:
+            lp, ent = self._token_stats(batch, logits, part, temperature, True)
             assert ent is not None
-            loss, metrics = loss_fn(batch, align_to_tokens(lp, batch), align_to_tokens(ent, batch))
+            loss, metrics = loss_fn(batch, lp, ent)
             floats = {k: float(v) for k, v in metrics.items()}
             floats["loss"] = float(loss.detach())
             return loss, floats

@@ -1,0 +1,125 @@
+"""Policy under context parallelism vs without it, in one launch; rank 0 saves what each computed.
+
+    torchrun --nproc_per_node 2 tests/dist/cp_equivalence.py --out-dir DIR [--layouts ref,cp2]
+
+Layouts, one after the other in the same processes (Megatron's groups are rebuilt in between):
+``ref`` (CP=1, TP=1: every rank a data-parallel replica of the same data, which equals one
+process), ``cp2`` (CP=2) and, with 4 processes, ``cp2tp2`` (CP=2 x TP=2). Results go to
+``DIR/<layout>.pt``.
+
+Every layout loads the same seeded HF-layout weights, then computes: full-vocab logits of two
+rows, log-probs/entropies of packed batches with mixed sequence lengths (none a multiple of
+``2 * cp``, so every sequence is padded; one far longer than a chunk), the parameter gradients of
+one ``forward_backward`` (HF names, gathered over TP), then two RL steps through
+``rl_step.train_step`` and the HF weights after them. ``tests/test_cp_equivalence.py`` compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from long_context.packing import PackedBatch, pack
+from megatron_rl.config import load_config
+from megatron_rl.model import convert
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.parallel import destroy_distributed, init_distributed
+from megatron_rl.model.policy import Policy
+from megatron_rl.train.rl_step import train_step
+
+CFG = ModelConfig(
+    num_layers=2,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_attention_heads=4,
+    num_query_groups=2,
+    vocab_size=96,
+    max_position_embeddings=256,
+)
+LENGTHS = ((7, 13, 2, 5), (41, 9))  # 2 micro-batches; 41 tokens >> a CP=2 chunk (11)
+LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2)}  # name -> (cp, tp)
+
+
+def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A random HF-layout state dict, identical in every process for the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, shape in sorted(convert.hf_param_shapes(cfg).items()):
+        base = 1.0 if name.endswith("norm.weight") else 0.0
+        sd[name] = base + 0.1 * torch.randn(shape, generator=g)
+    return sd
+
+
+def batches(seed: int = 1) -> list[PackedBatch]:
+    """Packed RL micro-batches: responses in the second half, advantages, engine log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for lens in LENGTHS:
+        seqs = [torch.randint(1, CFG.vocab_size, (n,), generator=g).tolist() for n in lens]
+        masks = [[float(i >= n // 2) for i in range(n)] for n in lens]
+        advs = [[float(torch.randn((), generator=g))] * n for n in lens]
+        rlps = [(-2.0 - torch.rand(n, generator=g)).tolist() for n in lens]
+        out.append(pack(seqs, masks, extras={"adv": advs, "rollout_lp": rlps}))
+    return out
+
+
+def hf_grads(policy: Policy) -> dict[str, torch.Tensor]:
+    """The accumulated (DP x CP reduced) gradients in HF layout, full tensors on every rank."""
+    grads = {}
+    for name, p in policy.module.named_parameters():
+        g = getattr(p, "main_grad", None)
+        grads[name] = (g if g is not None else p.grad).detach().clone().cpu()
+    d = policy.dist
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (d.dp_rank, d.cp_rank, d.tp_rank, grads))
+    shards = {(tp, 0): sd for dp, cp, tp, sd in gathered if dp == 0 and cp == 0}  # type: ignore[misc]
+    return convert.megatron_to_hf(shards, CFG, d.tp, 1)
+
+
+def run_layout(cp: int, tp: int) -> dict[str, object]:
+    cfg = load_config(None, ["rl.loss_agg=token_mean", "train.lr=1e-2", "train.grad_clip=1.0"])
+    cfg.train.adam_eps = 1e-4  # well above fp32 noise in near-zero grads: steps compare tightly
+    cfg.train.warmup_steps = 0
+    info = init_distributed(ParallelConfig(tp=tp, cp=cp), seed=0, model=CFG)
+    policy = Policy(CFG, info, cfg.train)
+    policy.load_hf_state_dict(reference_weights(CFG, seed=0))
+    data = batches()
+    n_global = float(sum(b.loss_mask.sum() for b in data))
+
+    def loss_fn(batch: PackedBatch, logprobs: torch.Tensor, entropy: torch.Tensor):
+        pg = -(batch.extras["adv"] * logprobs * batch.loss_mask).sum() / n_global
+        ent = (entropy * batch.loss_mask).sum() / n_global
+        return pg - 0.01 * ent, {"pg": pg.detach()}
+
+    tokens = torch.randint(1, CFG.vocab_size, (2, 19), generator=torch.Generator().manual_seed(2))
+    result: dict[str, object] = {"logits": policy.logits(tokens), "dp": info.dp, "cp": info.cp}
+    scored = policy.token_logprobs(data, temperature=0.8, with_entropy=True)
+    result["logprobs"] = [lp for lp, _ in scored]
+    result["entropy"] = [ent for _, ent in scored]
+    result["metrics"] = policy.forward_backward(data, loss_fn, temperature=0.8)
+    result["grads"] = hf_grads(policy)
+    policy.zero_grad()
+    result["rl"] = [train_step(policy, cfg, batches(seed=10 + step), step) for step in range(2)]
+    result["hf_after"] = policy.hf_state_dict()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--layouts", default="ref,cp2")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for name in args.layouts.split(","):
+        result = run_layout(*LAYOUTS[name])
+        if dist.get_rank() == 0:
+            torch.save(result, Path(args.out_dir) / f"{name}.pt")
+        destroy_distributed(keep_process_group=True)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()

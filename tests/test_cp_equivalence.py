@@ -80,6 +80,16 @@ def test_cp2_matches_cp1(results: dict[str, dict]) -> None:
     check_equal(ref, cp2)
 
 
+def test_cp_padding_is_masked_out(results: dict[str, dict]) -> None:
+    """Every sequence of the batches is padded under CP=2; changing the pad tokens changes no
+    log-prob and no gradient, so the padding is out of the loss (and out of the attention)."""
+    cp2 = results["cp2"]
+    for a, b in zip(cp2["logprobs"], cp2["poisoned_pads"]["logprobs"], strict=True):
+        assert max_diff(a, b) == 0.0
+    for name, g in cp2["grads"].items():
+        assert max_diff(g, cp2["poisoned_pads"]["grads"][name]) == 0.0, name
+
+
 def test_comparison_has_teeth(results: dict[str, dict]) -> None:
     """Gradients are far from zero and the two RL steps move the weights far beyond 1e-5."""
     ref = results["ref"]

@@ -40,6 +40,22 @@ def test_round_trip_every_token_exactly_once(cp: int) -> None:
     assert torch.equal(owned, torch.arange(layout.padded_tokens))
 
 
+@pytest.mark.parametrize("cp", [2, 3])
+def test_padding_is_out_of_the_loss(cp: int) -> None:
+    """Pads (each sequence topped up to a multiple of 2 * cp) carry label_mask 0, and the loss
+    mask of the real tokens survives the split: the shards' masks sum to the batch's."""
+    batch = random_batch([5, 1, 10, 3], seed=3)
+    shards = [shard(batch, cp, r, pad_id=7) for r in range(cp)]
+    layout = shards[0].layout
+    assert layout.padded_tokens > batch.num_tokens  # there is padding to mask
+    for r, part in enumerate(shards):
+        is_pad = layout.src[layout.rank_index[r]] < 0
+        assert bool(is_pad.any())  # the 1-token sequence leaves pads on every rank
+        assert float(part.label_mask[is_pad].abs().sum()) == 0.0
+        assert bool((part.tokens[is_pad] == 7).all())
+    assert sum(float(p.label_mask.sum()) for p in shards) == float(batch.loss_mask.sum())
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_sequences_padded_to_multiples_of_2cp(cp: int) -> None:
     batch = random_batch([5, 8, 9])

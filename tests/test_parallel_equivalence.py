@@ -143,4 +143,3 @@ def test_init_distributed_rejects_layout_before_starting(monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match="world size 1 is not divisible"):
         init_distributed(ParallelConfig(pp=2), seed=0)
     assert not torch.distributed.is_initialized()
-

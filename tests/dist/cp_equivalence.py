@@ -10,14 +10,17 @@ process), ``cp2`` (CP=2) and, with 4 processes, ``cp2tp2`` (CP=2 x TP=2). Result
 Every layout loads the same seeded HF-layout weights, then computes: full-vocab logits of two
 rows, log-probs/entropies of packed batches with mixed sequence lengths (none a multiple of
 ``2 * cp``, so every sequence is padded; one far longer than a chunk), the parameter gradients of
-one ``forward_backward`` (HF names, gathered over TP), then two RL steps through
+one ``forward_backward`` (HF names, gathered over TP), the same two with the CP padding tokens
+set to another id (``poisoned_pads``: padding must not reach any result), then two RL steps through
 ``rl_step.train_step`` and the HF weights after them. ``tests/test_cp_equivalence.py`` compares.
 """
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +30,7 @@ from megatron_rl.config import load_config
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import destroy_distributed, init_distributed
+from megatron_rl.model import policy as policy_module
 from megatron_rl.model.policy import Policy
 from megatron_rl.train.rl_step import train_step
 
@@ -79,6 +83,20 @@ def hf_grads(policy: Policy) -> dict[str, torch.Tensor]:
     return convert.megatron_to_hf(shards, CFG, d.tp, 1)
 
 
+def poisoned_pads(policy: Policy, data: list[PackedBatch], loss_fn: Any) -> dict[str, object]:
+    """Log-probs and grads again, with the CP padding tokens set to another id (not 0)."""
+    real = policy_module.te_cp_inputs
+    policy_module.te_cp_inputs = partial(real, pad_id=CFG.vocab_size - 1)
+    try:
+        scored = policy.token_logprobs(data, temperature=0.8)
+        policy.forward_backward(data, loss_fn, temperature=0.8)
+        grads = hf_grads(policy)
+        policy.zero_grad()
+    finally:
+        policy_module.te_cp_inputs = real
+    return {"logprobs": [lp for lp, _ in scored], "grads": grads}
+
+
 def run_layout(cp: int, tp: int) -> dict[str, object]:
     cfg = load_config(None, ["rl.loss_agg=token_mean", "train.lr=1e-2", "train.grad_clip=1.0"])
     cfg.train.adam_eps = 1e-4  # well above fp32 noise in near-zero grads: steps compare tightly
@@ -102,6 +120,8 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
     result["metrics"] = policy.forward_backward(data, loss_fn, temperature=0.8)
     result["grads"] = hf_grads(policy)
     policy.zero_grad()
+    if cp > 1:
+        result["poisoned_pads"] = poisoned_pads(policy, data, loss_fn)
     result["rl"] = [train_step(policy, cfg, batches(seed=10 + step), step) for step in range(2)]
     result["hf_after"] = policy.hf_state_dict()
     return result

@@ -244,3 +244,33 @@ def gather_token_aligned(
     """
     merged: torch.Tensor = _GatherRow.apply(local_next, part.layout, rank, group)
     return to_token_aligned(merged, part.layout.cu_seqlens.to(merged.device))
+
+
+def check_same_batches(batches: list[PackedBatch], group: Any = None) -> None:
+    """Raise ``ValueError`` unless every CP rank holds the same packed batches.
+
+    Under CP every rank must start from the whole batch (each takes its own share); a loop that
+    hands CP ranks different data would otherwise train on a mix of rows. Compares a cheap
+    signature (lengths, boundaries, token and mask checksums) of every batch over the group.
+    """
+    rows: list[list[float]] = []
+    for b in batches:
+        tok = b.tokens.detach().to("cpu", torch.float64)
+        weights = torch.arange(1, tok.numel() + 1, dtype=torch.float64)
+        cu = b.cu_seqlens.detach().to("cpu", torch.float64)
+        mask = b.loss_mask.detach().to("cpu", torch.float64)
+        sums = [float((tok * weights).sum()), float(cu.pow(2).sum()), float(mask.sum())]
+        rows.append([float(b.num_tokens), float(b.num_seqs), *sums])
+    mine = torch.tensor(rows or [[0.0] * 5], dtype=torch.float64).flatten()
+    size = torch.tensor([mine.numel()], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    if any(int(s) != int(size) for s in sizes):
+        raise ValueError("context-parallel ranks got different numbers of micro-batches")
+    parts = [torch.empty_like(mine) for _ in sizes]
+    dist.all_gather(parts, mine, group=group)
+    if any(not torch.equal(p, mine) for p in parts):
+        raise ValueError(
+            "context-parallel ranks got different micro-batches; every rank of a CP group must "
+            "be given the same packed batches (each rank takes its own share of them)"
+        )

@@ -90,6 +90,10 @@ def test_cp_padding_is_masked_out(results: dict[str, dict]) -> None:
         assert max_diff(g, cp2["poisoned_pads"]["grads"][name]) == 0.0, name
 
 
+def test_cp_ranks_with_different_batches_refuse(results: dict[str, dict]) -> None:
+    assert "ranks got different micro-batches" in results["cp2"]["different_batches_error"]
+
+
 def test_comparison_has_teeth(results: dict[str, dict]) -> None:
     """Gradients are far from zero and the two RL steps move the weights far beyond 1e-5."""
     ref = results["ref"]

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from long_context.cp import CPShard, all_gather_merge, gather_token_aligned
+from long_context.cp import CPShard, all_gather_merge, check_same_batches, gather_token_aligned
 from long_context.cp_te import te_cp_inputs
 from long_context.packing import PackedBatch, pack, to_device
 from megatron_rl.model import convert
@@ -158,6 +158,10 @@ class Policy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [to_device(b, self.dist.device) for b in batches]
+        if self.dist.cp > 1:
+            from megatron.core import parallel_state as mpu
+
+            check_same_batches(batches, mpu.get_context_parallel_group())
         n = len(batches)
         # Undo the schedule's loss / num_microbatches. Its "* cp" stays: under CP every rank
         # computes the whole (gathered) loss, holds 1/cp-th of the graph, and DDP averages the

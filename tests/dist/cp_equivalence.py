@@ -122,6 +122,10 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
     policy.zero_grad()
     if cp > 1:
         result["poisoned_pads"] = poisoned_pads(policy, data, loss_fn)
+        try:  # CP ranks handed different batches: both refuse, nothing hangs
+            policy.token_logprobs(batches(seed=100 + dist.get_rank()))
+        except ValueError as e:
+            result["different_batches_error"] = str(e)
     result["rl"] = [train_step(policy, cfg, batches(seed=10 + step), step) for step in range(2)]
     result["hf_after"] = policy.hf_state_dict()
     return result

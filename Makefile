@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler base-model clean
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model clean
 
 setup:
 	bash launch/setup_env.sh
@@ -30,6 +30,16 @@ bench: setup
 # on 2 cores (not part of `make bench`); writes benchmarks/scheduler_real.json and PNGs.
 bench-scheduler: setup
 	$(BIN)/python benchmarks/scheduler_real.py
+
+# Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
+# benchmarks/results.json as long_context.cp2_vs_cp1.
+bench-long-context: setup
+	$(BIN)/python benchmarks/run_all.py --only long_context
+
+# Long-context RL with context parallelism 2: two CPU processes under torchrun.
+long-context: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 \
+		-m launch.cli train configs/long_context_cpu.yaml
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

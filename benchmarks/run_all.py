@@ -119,6 +119,14 @@ BENCHES: dict[str, Bench] = {
     "sandbox": Bench("sandbox_throughput.py", [], 300, json_out=False, takes_threads=False),
     "packing": Bench("packing.py", [], 300, json_out=False),
     "convert": Bench("convert_speed.py", [], 300, json_out=False, takes_threads=False),
+    "long_context": Bench(
+        "long_context_cp.py",
+        ["--json", "{out}"],
+        1800,
+        lambda r: {"cp2_vs_cp1": r["cp2_vs_cp1"]},
+        quick_args=["--lengths", "2048", "--steps", "1", "--json", "{out}"],
+        takes_threads=False,
+    ),
 }
 
 

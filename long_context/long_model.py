@@ -53,7 +53,7 @@ def make_long_variant(
     """Write ``dst``: the config of ``src`` with :func:`long_variant`, other files linked."""
     src_dir, dst_dir = Path(src), Path(dst)
     source, cfg = hf_io.load_hf_config(src_dir)
-    long_cfg = long_variant(cfg, max_positions)
+    long_cfg = replace(long_variant(cfg, max_positions), hf_path=str(dst_dir))
     dst_dir.mkdir(parents=True, exist_ok=True)
     config = hf_io.hf_config_from_model_config(long_cfg, source)
     (dst_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -74,6 +74,9 @@ class Policy:
         self.dist = dist_info
         self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
         validate_layout(self.parallel, dist_info.world_size, model_cfg)
+        # Batches go through the CP split / THD layout (with cp = 1 only when a benchmark swaps
+        # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
+        self.cp_layout = dist_info.cp > 1
         self.spec: convert.Spec = "te" if use_te_spec() else "local"
         self.module = build_gpt_model(
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
@@ -158,7 +161,7 @@ class Policy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [to_device(b, self.dist.device) for b in batches]
-        if self.dist.cp > 1:
+        if self.cp_layout:
             from megatron.core import parallel_state as mpu
 
             check_same_batches(batches, mpu.get_context_parallel_group())
@@ -176,7 +179,7 @@ class Policy:
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
             batch = next(data_iterator)
-            if self.dist.cp > 1:
+            if self.cp_layout:
                 cp_in = te_cp_inputs(batch, self.dist.cp, self.dist.cp_rank, self.dist.device)
                 packed = cp_in.packed_seq_params
                 out = model(cp_in.tokens, cp_in.position_ids, None, packed_seq_params=packed)
@@ -286,7 +289,7 @@ class Policy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
-        if self.dist.cp > 1:
+        if self.cp_layout:
             return self._cp_logits(tokens)
         tokens = tokens.to(self.dist.device)
         b, s = tokens.shape

@@ -128,6 +128,18 @@ def test_curriculum_promotes_then_demotes():
     assert sched.events[-1]["event"] == "demote"
 
 
+def test_curriculum_start_level():
+    """Long-context runs start every domain at a given length level (issue 17)."""
+    cfg = SchedulerConfig(curriculum=True, curriculum_start_level=1, curriculum_min_samples=8)
+    sched = DomainScheduler(cfg, domains(2, levels=3), seed=0)
+    assert sched.curriculum.current_levels().tolist() == [1, 1]
+    assert {s.level for s in sched.plan(0, 8)} == {1}
+    far = DomainScheduler(SchedulerConfig(curriculum_start_level=9), domains(1, levels=3), seed=0)
+    assert far.curriculum.current_levels().tolist() == [2]  # beyond the top: the top level
+    with pytest.raises(ValueError, match="scheduler.curriculum_start_level=-1 must be >= 0"):
+        SchedulerConfig(curriculum_start_level=-1).validate()
+
+
 def test_zero_variance_refill_keeps_batch_size_and_mix():
     cfg = SchedulerConfig(filter_zero_variance=True, oversample=2.0)
     sched = DomainScheduler(cfg, domains(2), seed=0)

@@ -51,6 +51,7 @@ class SchedulerConfig:
     promote_threshold: float = 0.8  # promote when the pass rate's lower bound is above this
     demote_threshold: float = 0.1  # demote when the pass rate's upper bound is below this
     curriculum_min_samples: int = 64  # samples at the current level before a level change
+    curriculum_start_level: int = 0  # each domain starts at its lowest level >= this (else top)
     # --- zero-variance filter ------------------------------------------------------------------
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal and refill
     oversample: float = 1.0  # generated / trained groups when filtering (extras refill drops)
@@ -138,6 +139,10 @@ class SchedulerConfig:
             raise ValueError(
                 f"scheduler: need 0 <= demote_threshold < promote_threshold <= 1, got "
                 f"{self.demote_threshold}, {self.promote_threshold}"
+            )
+        if self.curriculum_start_level < 0:
+            raise ValueError(
+                f"scheduler.curriculum_start_level={self.curriculum_start_level} must be >= 0"
             )
         if self.oversample < 1.0:
             raise ValueError(f"scheduler.oversample={self.oversample} must be >= 1")

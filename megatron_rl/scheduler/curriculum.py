@@ -1,10 +1,11 @@
 """Curriculum: per-domain difficulty level, promoted and demoted from the level pass rate.
 
-A domain starts at its easiest level. After ``curriculum_min_samples`` (smoothed) samples at its
-current level it is promoted when the lower bound ``mean - z * sd`` of the level pass rate is
-above ``promote_threshold`` and demoted when the upper bound ``mean + z * sd`` is below
-``demote_threshold``. Level-local statistics restart after each change, which also acts as a
-cool-down. With ``curriculum: false`` every domain stays at its easiest level.
+A domain starts at its lowest level >= ``curriculum_start_level`` (default 0: its easiest). After
+``curriculum_min_samples`` (smoothed) samples at its current level it is promoted when the lower
+bound ``mean - z * sd`` of the level pass rate is above ``promote_threshold`` and demoted when the
+upper bound ``mean + z * sd`` is below ``demote_threshold``. Level-local statistics restart after
+each change, which also acts as a cool-down. With ``curriculum: false`` every domain stays at its
+start level.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ class Curriculum:
         self.cfg = cfg
         self.levels = [sorted(d.levels) for d in domains]
         self.names = [d.name for d in domains]
-        self.index = np.zeros(len(domains), dtype=np.int64)
+        start = cfg.curriculum_start_level
+        self.index = np.array(
+            [
+                next((k for k, lv in enumerate(lvs) if lv >= start), len(lvs) - 1)
+                for lvs in self.levels
+            ],
+            dtype=np.int64,
+        )
 
     def level(self, i: int) -> int:
         return self.levels[i][int(self.index[i])]

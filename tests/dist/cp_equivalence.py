@@ -4,8 +4,8 @@
 
 Layouts, one after the other in the same processes (Megatron's groups are rebuilt in between):
 ``ref`` (CP=1, TP=1: every rank a data-parallel replica of the same data, which equals one
-process), ``cp2`` (CP=2) and, with 4 processes, ``cp2tp2`` (CP=2 x TP=2). Results go to
-``DIR/<layout>.pt``.
+process), ``cp2`` (CP=2; with 4 processes CP=2 x DP=2) and ``cp2tp2`` (CP=2 x TP=2, 4
+processes). Results go to ``DIR/<layout>.pt``.
 
 Every layout loads the same seeded HF-layout weights, then computes: full-vocab logits of two
 rows, log-probs/entropies of packed batches with mixed sequence lengths (none a multiple of

@@ -41,6 +41,29 @@ def test_round_trip_every_token_exactly_once(cp: int) -> None:
 
 
 @pytest.mark.parametrize("cp", [2, 3])
+def test_one_sequence_matches_megatrons_get_batch_on_this_cp_rank(
+    cp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without padding, the split is megatron-core's (0.16.1 ``utils.get_batch_on_this_cp_rank``:
+    2 * cp chunks, rank r keeps chunks r and 2cp-1-r) for tokens, labels and positions."""
+    from megatron.core import utils as mcore_utils
+
+    n = 2 * cp * 5
+    batch = random_batch([n], seed=cp)
+    labels = torch.cat([batch.tokens[1:], torch.zeros(1, dtype=torch.long)])  # shifted, pad 0
+    monkeypatch.setattr(mcore_utils, "get_pg_size", lambda group=None: cp)
+    for r in range(cp):
+        monkeypatch.setattr(mcore_utils, "get_pg_rank", lambda group=None, r=r: r)
+        full = {"tokens": batch.tokens[None], "labels": labels[None],
+                "position_ids": batch.position_ids[None]}  # fmt: skip
+        theirs = mcore_utils.get_batch_on_this_cp_rank(full, cp_group=object())
+        part = shard(batch, cp, r, pad_id=0)
+        assert torch.equal(theirs["tokens"][0], part.tokens)
+        assert torch.equal(theirs["labels"][0], part.labels)
+        assert torch.equal(theirs["position_ids"][0], part.position_ids)
+
+
+@pytest.mark.parametrize("cp", [2, 3])
 def test_padding_is_out_of_the_loss(cp: int) -> None:
     """Pads (each sequence topped up to a multiple of 2 * cp) carry label_mask 0, and the loss
     mask of the real tokens survives the split: the shards' masks sum to the batch's."""

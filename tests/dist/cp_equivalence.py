@@ -44,7 +44,7 @@ CFG = ModelConfig(
     max_position_embeddings=256,
 )
 LENGTHS = ((7, 13, 2, 5), (41, 9))  # 2 micro-batches; 41 tokens >> a CP=2 chunk (11)
-LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2)}  # name -> (cp, tp)
+LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2), "cp3": (3, 1), "cp4": (4, 1)}  # (cp, tp)
 
 
 def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:

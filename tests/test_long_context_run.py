@@ -45,4 +45,5 @@ def test_long_context_config_trains_with_cp2_under_torchrun(tmp_path: Path) -> N
     assert m["sched/long_context/needle/level"] == 1.0
     assert m["rollout/prompt_tokens"] / 2 > 7000  # two ~8k-token prompts (byte-level tokens)
     assert m["train/response_tokens"] > 0 and m["train/skipped_steps"] == 0.0
+    assert m["train/grad_norm"] > 0  # the entropy bonus: a real gradient through CP=2
     assert (run / "summary.json").exists()

@@ -32,7 +32,7 @@ from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import destroy_distributed, init_distributed
 from megatron_rl.model import policy as policy_module
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.rl_step import train_step
+from megatron_rl.train.rl_step import global_normalizer, train_step
 
 CFG = ModelConfig(
     num_layers=2,
@@ -97,6 +97,13 @@ def poisoned_pads(policy: Policy, data: list[PackedBatch], loss_fn: Any) -> dict
     return {"logprobs": [lp for lp, _ in scored], "grads": grads}
 
 
+def rl_step(policy: Policy, cfg: Any, data: list[PackedBatch], step: int) -> dict[str, float]:
+    """One RL step as the controller runs it: every DP rank holds a share of the step (here the
+    same data), and the loss normaliser covers all the shares."""
+    norm = global_normalizer([data] * policy.dist.dp, cfg.rl.loss_agg)
+    return train_step(policy, cfg, data, step, normalizer=norm)
+
+
 def run_layout(cp: int, tp: int) -> dict[str, object]:
     cfg = load_config(None, ["rl.loss_agg=token_mean", "train.lr=1e-2", "train.grad_clip=1.0"])
     cfg.train.adam_eps = 1e-4  # well above fp32 noise in near-zero grads: steps compare tightly
@@ -126,7 +133,7 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
             policy.token_logprobs(batches(seed=100 + dist.get_rank()))
         except ValueError as e:
             result["different_batches_error"] = str(e)
-    result["rl"] = [train_step(policy, cfg, batches(seed=10 + step), step) for step in range(2)]
+    result["rl"] = [rl_step(policy, cfg, batches(seed=10 + step), step) for step in range(2)]
     result["hf_after"] = policy.hf_state_dict()
     return result
 

@@ -9,7 +9,7 @@ that are not multiples of 4 (so every sequence carries padding) and one of 41 to
 than a chunk. Required (fp32): logits, packed log-probs / entropies and every parameter gradient
 within 1e-5; after two RL steps through ``rl_step.train_step`` the weights within 1e-5.
 
-With four processes the same worker also checks CP=2 x DP=2 and CP=2 x TP=2 (marked slow).
+With four processes the same worker also checks CP=2 x DP=2, CP=2 x TP=2 and CP=4 (marked slow).
 """
 
 from __future__ import annotations
@@ -108,10 +108,11 @@ def test_comparison_has_teeth(results: dict[str, dict]) -> None:
 
 
 @pytest.mark.slow
-def test_cp2_with_dp2_and_with_tp2_match_cp1(tmp_path: Path) -> None:
-    """Four processes: CP=2 x DP=2 and CP=2 x TP=2 against the CP=1 reference (DP=4)."""
-    got = launch(tmp_path, 4, "ref,cp2,cp2tp2")
+def test_cp2_with_dp2_and_tp2_and_cp4_match_cp1(tmp_path: Path) -> None:
+    """Four processes: CP=2 x DP=2, CP=2 x TP=2 and CP=4 against the CP=1 reference (DP=4)."""
+    got = launch(tmp_path, 4, "ref,cp2,cp2tp2,cp4")
     assert (got["cp2"]["cp"], got["cp2"]["dp"]) == (2, 2)
     assert (got["cp2tp2"]["cp"], got["cp2tp2"]["dp"]) == (2, 1)
-    check_equal(got["ref"], got["cp2"])
-    check_equal(got["ref"], got["cp2tp2"])
+    assert (got["cp4"]["cp"], got["cp4"]["dp"]) == (4, 1)
+    for name in ("cp2", "cp2tp2", "cp4"):
+        check_equal(got["ref"], got[name])

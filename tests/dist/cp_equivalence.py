@@ -4,8 +4,8 @@
 
 Layouts, one after the other in the same processes (Megatron's groups are rebuilt in between):
 ``ref`` (CP=1, TP=1: every rank a data-parallel replica of the same data, which equals one
-process), ``cp2`` (CP=2; with 4 processes CP=2 x DP=2) and ``cp2tp2`` (CP=2 x TP=2, 4
-processes). Results go to ``DIR/<layout>.pt``.
+process), ``cp2`` (CP=2; with 4 processes CP=2 x DP=2), ``cp2tp2`` (CP=2 x TP=2, 4
+processes) and ``cp4`` (CP=4, 4 processes). Results go to ``DIR/<layout>.pt``.
 
 Every layout loads the same seeded HF-layout weights, then computes: full-vocab logits of two
 rows, log-probs/entropies of packed batches with mixed sequence lengths (none a multiple of
@@ -44,7 +44,7 @@ CFG = ModelConfig(
     max_position_embeddings=256,
 )
 LENGTHS = ((7, 13, 2, 5), (41, 9))  # 2 micro-batches; 41 tokens >> a CP=2 chunk (11)
-LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2), "cp3": (3, 1), "cp4": (4, 1)}  # (cp, tp)
+LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2), "cp4": (4, 1)}  # name -> (cp, tp)
 
 
 def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:

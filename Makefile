@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler base-model clean
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler base-model clean gpu-check
 
 setup:
 	bash launch/setup_env.sh
@@ -30,6 +30,11 @@ bench: setup
 # on 2 cores (not part of `make bench`); writes benchmarks/scheduler_real.json and PNGs.
 bench-scheduler: setup
 	$(BIN)/python benchmarks/scheduler_real.py
+
+# The GPU paths in <= 5 min on one GPU: TE vs local spec, MFU at ~350M, SGLang distributed update.
+gpu-check: setup
+	mkdir -p benchmarks/out
+	timeout 300 $(BIN)/python benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

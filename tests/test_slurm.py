@@ -194,7 +194,10 @@ def test_rendered_job_distributed_sync_survives_server_kill_requeue_and_usr1(
     assert "restart count 2" in out and "USR1: asking the trainer" in out
     script = (run_dir / "job.sbatch").read_text()
     assert "TRAINER_PROCS=2" in script and "torchrun" in script
-    assert out.count("received signal 10") == 2  # torchrun forwarded USR1 to both ranks
+    # torchrun forwarded USR1 to both ranks (to each worker's process group: children of the
+    # controller that inherited its handler may log it too)
+    assert "Received 10 death signal, shutting down workers" in out
+    assert out.count("received signal 10: will checkpoint after this step") >= 2
     preempted = int(re.findall(r"preemption signal received: checkpointed step (\d+)", out)[-1])
     assert 3 <= preempted < steps - 1  # USR1 came mid-run: steps after it were still to do
     assert f"(next step {preempted + 1})" in out  # the requeued job continued from it

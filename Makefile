@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model clean
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model clean gpu-check
 
 setup:
 	bash launch/setup_env.sh
@@ -40,6 +40,11 @@ bench-long-context: setup
 long-context: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 \
 		-m launch.cli train configs/long_context_cpu.yaml
+
+# The GPU paths in <= 5 min on one GPU: TE vs local spec, MFU at ~350M, SGLang distributed update.
+gpu-check: setup
+	mkdir -p benchmarks/out
+	timeout 300 $(BIN)/python benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

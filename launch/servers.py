@@ -98,6 +98,7 @@ class Fleet:
         server_args: list[str] | None = None,
         sync_dir: str | None = None,
         gpu_ids: list[int] | None = None,
+        sglang_args: list[str] | None = None,
     ) -> None:
         if num_servers < 0:
             raise ValueError(f"num_servers must be >= 0, got {num_servers}")
@@ -105,11 +106,15 @@ class Fleet:
         self.model = model
         self.engine = engine
         self.health_timeout_s = health_timeout_s
-        self.server_args = server_args or []
+        self.server_args = server_args or []  # embedded servers: --config/overrides
+        self.sglang_args = sglang_args or []  # SGLang: its own flags (sglang_server_args)
         self.sync_dir = Path(sync_dir) if sync_dir else self.run_dir / "rollout_weights"
         self.host = host or "127.0.0.1"
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        if engine != "sglang" and gpus_per_server and not (gpu_ids or visible_gpus()):
+            log.warning("no GPUs visible: the %s servers run on CPU", engine)
+            gpus_per_server = 0  # the embedded engines run anywhere; SGLang needs its GPUs
         gpus = assign_gpus(num_servers, gpus_per_server, gpu_ids)
         tag = socket.gethostname().split(".")[0]
         self.servers = [
@@ -132,7 +137,7 @@ class Fleet:
             return [
                 sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
                 "--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus)),
-                *self.server_args,
+                *self.sglang_args,
             ]  # fmt: skip
         return [
             sys.executable, "-m", "launch.cli", "serve", "--model", self.model,
@@ -177,7 +182,10 @@ class Fleet:
             self.wait_healthy(self.router, "/health")
         for p in self.servers:
             self.wait_healthy(p, "/health")
-            self.load_current_weights(p)  # a trainer may already be running (restarted node)
+            # A trainer may already be running (restarted node); a record left by an earlier
+            # job may be stale, and the trainer pushes its weights at start anyway.
+            if not self.load_current_weights(p):
+                log.warning("%s keeps its initial weights until the trainer's push", p.name)
             self.register(p)
         self.write_manifest()
         return self
@@ -258,11 +266,15 @@ class Fleet:
                 continue
             log.warning("%s (pid %d) died with code %s; restarting", p.name, p.pid, proc.returncode)
             self.deregister(p)
-            self._spawn(p, self.server_cmd(p))
+            p.port = free_port()  # a new URL: the trainer sees the change and rebuilds its
+            self._spawn(p, self.server_cmd(p))  # weight-update group with this server in it
             self.wait_healthy(p, "/health")
-            self.load_current_weights(p)
-            self.register(p)
             p.restarts += 1
+            if not self.load_current_weights(p):  # never serve stale weights: try again
+                _signal_group(self._popen[p.name].pid, signal.SIGKILL)  # on the next pass
+                self._popen[p.name].wait(30)
+                continue
+            self.register(p)
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -272,16 +284,19 @@ class Fleet:
         if self.router_url and wid:
             http("DELETE", f"{self.router_url}/workers/{wid}")
 
-    def load_current_weights(self, p: Proc) -> None:
+    def load_current_weights(self, p: Proc) -> bool:
+        """Bring ``p`` to the weights recorded in ``current_weights.json``; False on failure."""
         f = self.sync_dir / "current_weights.json"
         if not f.is_file():
-            return  # no sync yet: the server already holds the initial weights
+            return True  # no sync yet: the server already holds the initial weights
         cur = json.loads(f.read_text())
         body = {"model_path": cur["path"], "weight_version": cur["version"]}
         status, text = http("POST", f"{p.url}/update_weights_from_disk", body, timeout=600)
         if status != 200:
-            raise RuntimeError(f"{p.name} could not load the current weights {cur}: {text}")
+            log.error("%s could not load the current weights %s: %s", p.name, cur, text[:300])
+            return False
         log.info("%s loaded weight version %s before rejoining", p.name, cur["version"])
+        return True
 
     def supervise(self, poll_s: float = 1.0, stop_file: Path | None = None) -> None:
         """Restart dead servers until SIGTERM/SIGINT (or ``stop_file`` appears)."""
@@ -326,6 +341,20 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def sglang_server_args(rollout: Any, seed: int) -> list[str]:
+    """``sglang.launch_server`` flags from the run's ``rollout`` section, built one by one.
+
+    Never ``--config <run yaml>``: SGLang's own ``--config`` turns every YAML key into a flag,
+    and ``run_name:``/``model:`` are not SGLang flags.
+    """
+    return [
+        "--dtype", rollout.dtype,
+        "--mem-fraction-static", str(rollout.gpu_memory_utilization),
+        "--max-running-requests", str(rollout.max_batch),
+        "--random-seed", str(seed),
+    ]  # fmt: skip
 
 
 def _die_with_parent() -> None:

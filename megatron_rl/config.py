@@ -210,9 +210,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ValueError(f"config file {str(p)!r} must hold a mapping at the top level")
         data = loaded or {}
     apply_overrides(data, overrides or [])
+    gpu_dtype_defaults(data)
     cfg = from_dict(RunConfig, data)
     validate(cfg)
     return cfg
+
+
+def gpu_dtype_defaults(data: dict[str, Any]) -> None:
+    """On a CUDA machine, ``model.dtype`` and ``rollout.dtype`` default to bfloat16 (the TE
+    THD attention path has no fp32 kernel; SGLang serves bf16); set them to keep fp32."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    for section in ("model", "rollout"):
+        part = data.setdefault(section, {})
+        if isinstance(part, dict) and "dtype" not in part:
+            part["dtype"] = "bfloat16"
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -230,9 +230,10 @@ def test_bad_requests_are_rejected_with_the_field_named(served):
     assert status == 200 and "text" in json.loads(text)  # tokenised with the model's tokenizer
 
 
-def test_distributed_weight_sync_request_side():
-    """GPU path, request side only: POSTs are recorded and the NCCL broadcast is a stand-in
-    (no GPU here); what is checked is ranks, world size, bucket contents and ordering."""
+def test_distributed_weight_sync_request_side(monkeypatch: pytest.MonkeyPatch):
+    """Request side only: POSTs are recorded and the broadcast is a stand-in that checks the
+    order; what is checked is ranks, world size, bucket contents and ordering. The real group
+    and broadcast over gloo are tests/test_weight_update.py."""
     posts: list[tuple[str, dict[str, Any]]] = []
     sent: list[torch.Tensor] = []
 
@@ -243,12 +244,13 @@ def test_distributed_weight_sync_request_side():
         return f
 
     class Group:
-        def broadcast(self, t: torch.Tensor) -> None:
+        def broadcast(self, tensors: list[torch.Tensor]) -> None:
             assert posts, "the servers must be told what to receive before the broadcast"
-            sent.append(t)
+            sent.extend(tensors)
 
+    urls = ["http://a:1", "http://b:2"]
     cfg = SGLangConfig(bucket_mb=1, engine_tp=2, master_addr="10.0.0.1")
-    sync = DistributedWeightSync(["http://a:1", "http://b:2"], cfg, post, group=Group())
+    sync = DistributedWeightSync(cfg, post, lambda: urls, group=Group())
     state = {
         "w1": torch.zeros(128, 1024),  # 0.5 MiB
         "w2": torch.zeros(128, 1024),  # 0.5 MiB -> fills bucket 1
@@ -265,26 +267,32 @@ def test_distributed_weight_sync_request_side():
     assert [t.shape for t in sent] == [s.shape for s in state.values()]
     assert len(posts) == 4
 
-    # Group initialisation (before the first update): ranks 1-2 and 3-4 for the two servers.
-    inits: list[dict[str, Any]] = []
-    sync2 = DistributedWeightSync(["http://a:1", "http://b:2"], cfg, post)
-    sync2.group = None
-    posts.clear()
-
-    class NoNCCL(Exception):
+    # Group initialisation (before the first update): ranks 1-2 and 3-4 for the two servers;
+    # a group that fails to form is retried (group_retries), then the error names the servers.
+    class NoGroup(Exception):
         pass
 
-    import megatron_rl.rollout.sglang_client as sc
+    import megatron_rl.rollout.weight_group as wg
 
-    orig = sc._NCCLGroup
-    sc._NCCLGroup = lambda *a: (_ for _ in ()).throw(NoNCCL())  # type: ignore[assignment,misc]
-    try:
-        with pytest.raises(NoNCCL):
-            sync2.update(state, "1")
-    finally:
-        sc._NCCLGroup = orig  # type: ignore[misc]
+    tries: list[int] = []
+    monkeypatch.setattr(wg, "host_store", lambda *a: object())
+    monkeypatch.setattr(
+        wg, "trainer_group", lambda *a: tries.append(1) or (_ for _ in ()).throw(NoGroup())
+    )
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    sync2 = DistributedWeightSync(
+        SGLangConfig(bucket_mb=1, engine_tp=2, master_addr="10.0.0.1", group_retries=2), post,
+        lambda: urls,
+    )  # fmt: skip
+    posts.clear()
+    with pytest.raises(RuntimeError, match="after 3 attempts"):
+        sync2.update(state, "1")
+    assert len(tries) == 3
     inits = [b for u, b in posts if u.endswith("/init_weights_update_group")]
-    assert [b["rank_offset"] for b in inits] == [1, 3]
+    assert [b["rank_offset"] for b in inits] == [1, 3] * 3
     assert all(b["world_size"] == 5 and b["master_address"] == "10.0.0.1" for b in inits)
+    assert len({b["group_name"] for b in inits}) == 3  # each attempt under a new name
     for b in inits:
         sglang_schema.validate("init_weights_update_group", b)
+    destroys = [b for u, b in posts if u.endswith("/destroy_weights_update_group")]
+    assert len(destroys) == 6  # the servers drop a half-built group before the next attempt

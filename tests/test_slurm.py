@@ -1,17 +1,15 @@
 """Slurm launch on a real single-node cluster (munged + slurmctld + slurmd from Debian packages).
 
-The job script is the one ``megatron-rl submit`` renders; it starts the rollout fleet
-(``megatron-rl serve --num-servers``: embedded ``hf`` servers + sglang-router) as a job step and
-the trainer as another. The trainer here is a small stand-in (``FAKE_TRAINER`` below) that uses
-the production ``sglang`` engine against the router, "trains" by sleeping, syncs weights through
-the servers and checkpoints its step; it has the real trainer's resume and preemption contract
-(SIGUSR1/SIGTERM -> checkpoint at the end of the step, exit non-zero). It stands in for
-``megatron-rl train`` only to keep these tests within ~3 minutes on 2 busy cores.
+Every job here is the script ``megatron-rl submit`` renders, running the real ``megatron-rl
+train`` (no stand-in trainer): the rollout fleet (``megatron-rl serve --num-servers``: embedded
+``hf`` servers behind the real sglang-router) is one job step, the trainer another. The runs are
+micro-sized (a random tiny Qwen2, 16 samples a step) so the whole file takes minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -27,41 +25,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-FAKE_TRAINER = r"""
-import json, os, signal, sys, time
-from pathlib import Path
-from megatron_rl.rollout.base import GenRequest, SamplingParams
-from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
-from megatron_rl.rollout.sglang_client import SGLangEngine
-
-run_dir, router, model = Path(sys.argv[1]), sys.argv[2], sys.argv[5]
-steps, step_s = int(sys.argv[3]), float(sys.argv[4])
-stop = []
-for sig in (signal.SIGUSR1, signal.SIGTERM):
-    signal.signal(sig, lambda *a: stop.append(1))
-ckpt = run_dir / "checkpoint" / "latest.json"
-start = json.loads(ckpt.read_text())["step"] + 1 if ckpt.exists() else 0
-cfg = RolloutConfig(engine="sglang", urls=[router], sync_dir=str(run_dir / "rollout_weights"),
-                    sglang=SGLangConfig(health_timeout_s=60))
-engine = SGLangEngine(cfg, model, seed=0)
-for step in range(start, steps):
-    groups = engine.generate([GenRequest([5, 6, 7], SamplingParams(max_tokens=4, n=2, seed=step))])
-    time.sleep(step_s)
-    sync_s = engine.update_weights_from_disk(model)
-    row = {"step": step, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-           "samples": sum(len(g) for g in groups), "sync_s": sync_s, **engine.metrics}
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
-    ckpt.parent.mkdir(exist_ok=True)
-    (ckpt.parent / "tmp.json").write_text(json.dumps({"step": step}))
-    (ckpt.parent / "tmp.json").replace(ckpt)
-    if stop:
-        print(f"signal: checkpointed step {step}, exiting", flush=True)
-        engine.shutdown()
-        sys.exit(3)
-engine.shutdown()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +59,24 @@ def _write_script(tmp: Path, config: Path, overrides: list[str]) -> Path:
     return script
 
 
-def _render_fake(tmp: Path, steps: int, step_s: float, servers: int) -> Path:
-    model = make_tiny_qwen2(tmp / "model", seed=0)
-    config = tmp / "run.yaml"
-    config.write_text(f"run_name: job\noutput_dir: {tmp / 'runs'}\nmodel:\n  hf_path: {model}\n")
-    fake = tmp / "fake_trainer.py"
-    fake.write_text(FAKE_TRAINER)
-    train = f"{sys.executable} {fake} $RUN_DIR $ROUTER_URL {steps} {step_s} {model}"
-    return _write_script(tmp, config, [*_slurm_overrides(servers), f"slurm.train_command={train}"])
+def _micro(tmp_path: Path, steps: int) -> list[str]:
+    """A tiny real RL run: a random tiny Qwen2, 16 regex tasks, 4 prompts x 4 samples a step."""
+    model = make_tiny_qwen2(tmp_path / "model", "test", seed=0)
+    rows = [
+        {"prompt": f"Say something about {w}. #{i}", "gold": "a", "verifier": "regex",
+         "pattern": "[\\s\\S]*[a-m][\\s\\S]*"}
+        for i, w in enumerate(["cats", "dogs", "rain", "sun", "tea", "maps", "jazz", "snow"] * 2)
+    ]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [
+        f"output_dir={tmp_path / 'runs'}", "run_name=job", f"model.hf_path={model}",
+        f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", f"train.steps={steps}",
+        "train.threads=1", "train.lr=0.01", "rl.prompts_per_step=4", "rl.group_size=4",
+        "rl.eval_samples_per_domain=4", "rl.eval_every=0", "rollout.max_new_tokens=8",
+        "tracking.wandb=disabled", "tracking.progress=false", "checkpoint.every=1",
+        "domains.exclude=[]", "scheduler.filter_zero_variance=false", "scheduler.oversample=1.0",
+    ]  # fmt: skip
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -113,22 +86,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_sbatch_tiny_rl_job_uses_router_and_servers(cluster: SlurmCluster, tmp_path: Path) -> None:
     """The real `megatron-rl train` (micro config) behind the rendered script."""
-    model = make_tiny_qwen2(tmp_path / "model", "test", seed=0)
-    rows = [
-        {"prompt": f"Say something about {w}. #{i}", "gold": "a", "verifier": "regex",
-         "pattern": "[\\s\\S]*[a-m][\\s\\S]*"}
-        for i, w in enumerate(["cats", "dogs", "rain", "sun", "tea", "maps", "jazz", "snow"] * 2)
-    ]  # fmt: skip
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    micro = [
-        f"output_dir={tmp_path / 'runs'}", "run_name=job", f"model.hf_path={model}",
-        f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", "train.steps=2",
-        "train.threads=1", "train.lr=0.01", "rl.prompts_per_step=4", "rl.group_size=4",
-        "rl.eval_samples_per_domain=4", "rl.eval_every=0", "rollout.max_new_tokens=8",
-        "tracking.wandb=disabled", "tracking.progress=false", "checkpoint.every=1",
-        "domains.exclude=[]", "scheduler.filter_zero_variance=false", "scheduler.oversample=1.0",
-    ]  # fmt: skip
+    micro = _micro(tmp_path, steps=2)
     script = _write_script(
         tmp_path, REPO / "configs" / "demo_cpu.yaml", [*micro, *_slurm_overrides(2)]
     )
@@ -154,32 +112,101 @@ def test_sbatch_tiny_rl_job_uses_router_and_servers(cluster: SlurmCluster, tmp_p
     assert "trainer exited with code 0" in out
 
 
-def test_requeue_mid_run_resumes_without_repeating_or_skipping(
+def _submit(cluster: SlurmCluster, overrides: list[str]) -> int:
+    """``megatron-rl submit demo_cpu.yaml --nodes 1 ...``: renders the script and calls sbatch."""
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "submit", str(REPO / "configs" / "demo_cpu.yaml"),
+         "--nodes", "1", *overrides],
+        env=cluster.env() | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split("submitted job ")[1].split()[0])
+
+
+def _wait_rows(cluster: SlurmCluster, job: int, run_dir: Path, step: int, timeout_s: float) -> None:
+    """Until metrics.jsonl holds a row for ``step`` (the job must keep running meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(r.get("step") == step for r in _metrics(run_dir)):
+            return
+        state = cluster.job_state(job)
+        assert state in ("PENDING", "RUNNING", "REQUEUED"), (state, _out(run_dir, job))
+        time.sleep(0.5)
+    raise AssertionError(f"no metrics row for step {step}:\n{_out(run_dir, job)}")
+
+
+def _out(run_dir: Path, job: int) -> str:
+    f = run_dir / f"slurm-{job}.out"
+    return f.read_text(errors="replace")[-6000:] if f.exists() else "(no output yet)"
+
+
+def _restart_now(cluster: SlurmCluster, job: int) -> None:
+    """Slurm holds a requeued job back (BeginTime ~2 min later); let it start again now."""
+    deadline = time.monotonic() + 120
+    while cluster.job_state(job) not in ("PENDING",) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
+
+
+def test_rendered_job_distributed_sync_survives_server_kill_requeue_and_usr1(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    steps = 5
-    script = _render_fake(tmp_path, steps=steps, step_s=0.7, servers=1)
-    job = cluster.sbatch(script, env={"PYTHONPATH": str(REPO)})
+    """The rendered job, 6 RL steps with ``weight_sync=distributed`` over gloo, 2 trainer
+    ranks under torchrun (data parallel; rank 0 is the one rollout controller): a server is
+    killed after step 0 (the fleet restarts it, it loads the current weights, the group is
+    rebuilt with it); ``scontrol requeue`` after step 2 (the job resumes from the checkpoint);
+    USR1 (Slurm's time-limit warning) after step 3: the trainer checkpoints, the script
+    requeues, the job continues from that checkpoint. Each step is logged once, no sample is
+    lost, and the servers' log-probs match the trainer's throughout."""
+    steps = 6
+    overrides = [
+        *_micro(tmp_path, steps), *_slurm_overrides(2), "rollout.sync_mode=memory",
+        "rollout.sglang.weight_sync=distributed", f"rollout.sglang.master_port={free_port()}",
+        "rollout.sglang.group_timeout_s=300", "rollout.sglang.retry_backoff_s=0.5",
+        "slurm.trainer_procs_per_node=2",  # torchrun, 2 gloo ranks (dp=2), rank 0 controls
+    ]  # fmt: skip
+    job = _submit(cluster, overrides)
     run_dir = tmp_path / "runs" / "job"
-    deadline = time.monotonic() + 240
-    while len(_metrics(run_dir)) < 2 and time.monotonic() < deadline:
-        assert cluster.job_state(job) in ("PENDING", "RUNNING"), cluster.job_state(job)
-        time.sleep(0.3)
-    # What Slurm sends signal_before_end_s before the time limit: USR1 to the batch shell.
+
+    _wait_rows(cluster, job, run_dir, 0, 400)
+    manifest = json.loads(next(run_dir.glob("servers-*.json")).read_text())
+    victim = manifest["processes"][1]
+    subprocess.run(["kill", "-9", str(victim["pid"])], check=True)
+
+    _wait_rows(cluster, job, run_dir, 2, 400)
+    cluster.run(["scontrol", "requeue", str(job)])
+    _restart_now(cluster, job)
+
+    _wait_rows(cluster, job, run_dir, 3, 500)
+    assert "restart count 1" in _out(run_dir, job)
     cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
-    deadline = time.monotonic() + 60
-    while cluster.job_state(job) != "PENDING" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    # Slurm holds a requeued job back (BeginTime ~2 min later); let it start again now.
-    cluster.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-    state = cluster.wait_job(job, timeout_s=300)
-    out = (run_dir / f"slurm-{job}.out").read_text()
-    assert state == "COMPLETED", out
-    rows = _metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(steps)), rows
-    restarts = [r["restart"] for r in rows]
-    assert restarts[0] == 0 and restarts[-1] == 1 and restarts == sorted(restarts)
-    assert "requeueing job" in out and "restart count 1" in out
+    _restart_now(cluster, job)
+
+    state = cluster.wait_job(job, timeout_s=500)
+    out = (run_dir / f"slurm-{job}.out").read_text(errors="replace")
+    assert state == "COMPLETED", out[-6000:]
+    rows = [r for r in _metrics(run_dir) if "rollout/samples" in r]
+    assert [r["step"] for r in rows] == list(range(steps)), [r["step"] for r in rows]
+    assert all(r["rollout/samples"] == 16 for r in rows)  # no sample lost to the kill
+    worst = max(r["mismatch/logp_abs_max"] for r in rows)
+    assert worst < 1e-3, [r["mismatch/logp_abs_max"] for r in rows]
+    assert "restart count 2" in out and "USR1: asking the trainer" in out
+    script = (run_dir / "job.sbatch").read_text()
+    assert "TRAINER_PROCS=2" in script and "torchrun" in script
+    # torchrun forwarded USR1 to both ranks (to each worker's process group: children of the
+    # controller that inherited its handler may log it too)
+    assert "Received 10 death signal, shutting down workers" in out
+    assert out.count("received signal 10: will checkpoint after this step") >= 2
+    preempted = int(re.findall(r"preemption signal received: checkpointed step (\d+)", out)[-1])
+    assert 3 <= preempted < steps - 1  # USR1 came mid-run: steps after it were still to do
+    assert f"(next step {preempted + 1})" in out  # the requeued job continued from it
+    assert "requeueing job" in out and "trainer exited with code 0" in out
+    assert "rebuilding" in out or "weight-update group" in out
+    restarted = json.loads(next(run_dir.glob("servers-*.json")).read_text())
+    assert sum(p["restarts"] for p in restarted["processes"]) == 0  # a fresh fleet after requeue
+    fleet_logs = "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("fleet-*"))
+    assert "died with code" in fleet_logs and "before rejoining" in fleet_logs
 
 
 def test_submit_dry_run_prints_a_4_node_disaggregated_script(tmp_path: Path) -> None:
@@ -206,7 +233,7 @@ def test_submit_dry_run_prints_a_4_node_disaggregated_script(tmp_path: Path) -> 
         "SERVERS_PER_NODE=2",
         "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0",
         "--container-image=nvcr.io/x/y:1",
-        '--nproc-per-node="$TRAINER_GPUS"',
+        '--nproc-per-node="$TRAINER_PROCS"',
         "--engine sglang",
         "rl.group_size=8",
         'scontrol requeue "$SLURM_JOB_ID"',

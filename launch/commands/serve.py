@@ -14,9 +14,13 @@ current weights) until SIGTERM. The Slurm scripts run this on every rollout node
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
+import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 HELP = "serve SGLang's native HTTP API (/generate, weights, health) on a local engine"
 
@@ -52,36 +56,50 @@ def main(args: argparse.Namespace) -> int:
     from megatron_rl.rollout.base import build_engine
     from megatron_rl.rollout.server import serve
 
-    overrides = list(args.overrides)
-    if args.engine:
-        overrides.append(f"rollout.engine={args.engine}")
-    elif args.config is None:
-        overrides.append("rollout.engine=vllm")
     if args.wait_workers is not None:
         return _wait_workers(args)
-    cfg = load_config(args.config, overrides)
-    if cfg.rollout.engine == "sglang":
-        raise ValueError(
-            "megatron-rl serve needs a local engine ('vllm' or 'hf'), not 'sglang' "
-            "(that is the client of this server)"
-        )
+    cfg = load_config(args.config, list(args.overrides))
+    engine = server_engine(args.engine, cfg.rollout.engine, fleet=args.num_servers is not None)
     if not args.model or not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model!r} is not a folder")
     if args.num_servers is not None:
-        return _serve_fleet(args, cfg.rollout.engine, cfg.rollout.sync_dir)
+        return _serve_fleet(args, engine, cfg)
     if args.port is None or not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535 (or use --num-servers), got {args.port}")
     seed = cfg.seed if args.seed is None else args.seed
-    engine = build_engine(cfg.rollout, args.model, seed)
-    serve(engine, str(Path(args.model).resolve()), args.host, args.port, cfg.rollout.max_batch)
+    engine_cfg = replace(cfg.rollout, engine=engine)
+    serve(build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
+          args.host, args.port, cfg.rollout.max_batch)  # fmt: skip
     return 0
 
 
-def _serve_fleet(args: argparse.Namespace, engine: str, sync_dir: str | None) -> int:
-    from launch.servers import Fleet
+def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
+    """The servers' engine: ``--engine``, else the config's local engine, else vLLM.
+
+    ``sglang`` (the real SGLang server, GPU nodes) runs in fleet mode only; the run config's
+    ``rollout.engine=sglang`` names the trainer's *client*, so it does not pick the servers.
+    """
+    engine = flag or (configured if configured != "sglang" else "vllm")
+    if engine == "sglang":
+        if not fleet:
+            raise ValueError(
+                "--engine sglang starts SGLang servers in fleet mode: add --num-servers"
+            )
+        if importlib.util.find_spec("sglang") is None:
+            raise ValueError(
+                f"--engine sglang: the sglang package is not installed for {sys.executable}; "
+                "run launch/setup_env.sh on a GPU node (or serve with --engine vllm/hf)"
+            )
+    return engine
+
+
+def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
+    from launch.servers import Fleet, sglang_server_args
 
     if args.router_port is None and args.router_url is None:
         raise ValueError("--num-servers needs --router-port (start a router) or --router-url")
+    seed = cfg.seed if args.seed is None else args.seed
+    embedded = [*(["--config", args.config] if args.config else []), *args.overrides]
     fleet = Fleet(
         args.run_dir,
         str(Path(args.model).resolve()),
@@ -92,9 +110,10 @@ def _serve_fleet(args: argparse.Namespace, engine: str, sync_dir: str | None) ->
         router_url=args.router_url,
         host=_reachable_host(),
         health_timeout_s=args.health_timeout,
-        sync_dir=sync_dir,
+        sync_dir=cfg.rollout.sync_dir,
         gpu_ids=[int(x) for x in args.gpu_ids.split(",")] if args.gpu_ids else None,
-        server_args=[*(["--config", args.config] if args.config else []), *args.overrides],
+        server_args=[*embedded, "--seed", str(seed)] if engine != "sglang" else [],
+        sglang_args=sglang_server_args(cfg.rollout, seed) if engine == "sglang" else [],
     )
     with fleet:
         log.info("fleet ready: %s", fleet.write_manifest())

@@ -22,6 +22,10 @@ import yaml
 HELP = "render the Slurm sbatch script for a run (--dry-run prints it) and submit it"
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "job.sbatch.j2"
+# torchrun handles only SIGTERM/SIGINT/SIGHUP/SIGQUIT by default; USR1 (Slurm's time-limit
+# warning) would kill it and its workers without a checkpoint. With it listed, torchrun forwards
+# USR1 to every worker and waits --shutdown-timeout seconds for them.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +77,7 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
         data["slurm"] = slurm_data["slurm"]
     cfg = from_dict(RunConfig, data)
     validate(cfg)
+    engine_tp(cfg, slurm)
     return cfg, slurm
 
 
@@ -96,7 +101,8 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         slurm.train_command
         or (
             f'$MRL train "$CONFIG" output_dir={shlex.quote(str(run_dir.parent))} '
-            f'rollout.engine=sglang "rollout.urls=[$ROUTER_URL]" {extra}'
+            f'rollout.engine=sglang "rollout.urls=[$ROUTER_URL]" '
+            f"rollout.sglang.engine_tp={engine_tp(cfg, slurm)} {extra}"
         ).strip()
     )
     if colocated:
@@ -127,12 +133,30 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         trainer_nodes=trainer_nodes,
         rollout_nodes=rollout_nodes,
         trainer_gpus=trainer_gpus,
-        torchrun=not colocated or trainer_gpus > 1,
+        trainer_procs=slurm.trainer_procs(),
+        torchrun=not colocated or slurm.trainer_procs() > 1,
+        torchrun_signals=TORCHRUN_SIGNALS,
         server_gpu_list=",".join(str(i) for i in range(trainer_gpus, trainer_gpus + n_srv)),
         trainer_gpu_list=",".join(str(i) for i in range(trainer_gpus)),
         train_command=train_command,
         servers=slurm.servers(),
+        step_cpus=slurm.cpus_per_node or '"${SLURM_CPUS_ON_NODE:-1}"',
+        shutdown_timeout=max(30, slurm.signal_before_end_s - 30),
     )
+
+
+def engine_tp(cfg: Any, slurm: Any) -> int:
+    """Ranks each server holds in the weight-update group: one per GPU of an SGLang server,
+    one for an embedded (CPU) server. ValueError naming both keys when they disagree."""
+    want = slurm.gpus_per_server if slurm.server_engine == "sglang" else 1
+    have = cfg.rollout.sglang.engine_tp
+    if have not in (0, want):
+        raise ValueError(
+            f"rollout.sglang.engine_tp={have} disagrees with slurm.gpus_per_server="
+            f"{slurm.gpus_per_server} (slurm.server_engine={slurm.server_engine}): each server "
+            f"holds {want} rank(s) of the weight-update group; set engine_tp to {want} or 0"
+        )
+    return want
 
 
 def main(args: argparse.Namespace) -> int:

@@ -20,7 +20,11 @@ class SGLangConfig:
     bucket_mb: int = 512  # distributed sync: tensors per broadcast bucket, MiB
     master_addr: str = ""  # distributed sync: address of trainer rank 0 ('' -> this host)
     master_port: int = 29600  # distributed sync: TCP port of the weight-update process group
-    engine_tp: int = 1  # distributed sync: GPUs (ranks) per SGLang server
+    engine_tp: int = 0  # distributed sync: ranks per server (0: slurm.gpus_per_server, else 1)
+    group_timeout_s: float = 600.0  # distributed sync: rendezvous/broadcast timeout, seconds
+    group_retries: int = 3  # distributed sync: rebuilds of a group that failed to form
+    record_weights: bool = True  # distributed sync: also write each version to sync_dir, so a
+    # restarted server loads it before it takes traffic (sglang_weights.py)
 
     def validate(self) -> None:
         if self.max_concurrency < 1:
@@ -31,6 +35,14 @@ class SGLangConfig:
             raise ValueError("need 0 <= retry_backoff_s <= retry_max_backoff_s")
         if self.bucket_mb < 1:
             raise ValueError(f"bucket_mb must be >= 1, got {self.bucket_mb}")
+        if self.engine_tp < 0 or self.group_retries < 0 or self.group_timeout_s <= 0:
+            raise ValueError(
+                "rollout.sglang.engine_tp and group_retries must be >= 0, group_timeout_s > 0"
+            )
+
+    def ranks_per_server(self) -> int:
+        """Ranks one server holds in the weight-update group (engine_tp, 1 when unset)."""
+        return self.engine_tp or 1
 
 
 @dataclass
@@ -68,3 +80,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.block_size must be >= 1 or null, got {self.block_size}")
         if self.sync_every < 1:
             raise ValueError(f"rollout.sync_every must be >= 1, got {self.sync_every}")
+        if self.sglang.weight_sync == "distributed" and self.sync_mode != "memory":
+            raise ValueError(
+                "rollout.sglang.weight_sync=distributed needs rollout.sync_mode=memory "
+                f"(got rollout.sync_mode={self.sync_mode}, which writes files instead)"
+            )

@@ -11,7 +11,10 @@ launchers run end to end without a GPU. Endpoints (schemas in :mod:`.sglang_sche
 * ``GET /health``, ``GET /health_generate`` (a one-token generation through the batcher),
   ``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /update_weights_from_disk``,
   ``GET /get_model_info`` and ``/get_server_info`` (plus the ``/model_info`` and
-  ``/server_info`` spellings sglang-router 0.3.2 probes when a worker registers).
+  ``/server_info`` spellings sglang-router 0.3.2 probes when a worker registers);
+* SGLang's distributed weight update over gloo (:mod:`.server_weights`):
+  ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``, ``/get_weights_by_name``.
 
 Design: HTTP handlers validate each request on its own (:mod:`.server_requests`: a bad one is
 answered 400 naming the field and never joins a batch), then put it on a queue; one batcher
@@ -45,6 +48,7 @@ from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.rollout.server_requests import Limits, ParsedGenerate, parse_generate
 from megatron_rl.rollout.server_requests import to_gen_request as to_gen_request  # re-export
+from megatron_rl.rollout.server_weights import WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,7 @@ class EmbeddedServer:
         self.limits = Limits(engine.vocab_size or None, engine.context_len, max_batch)
         self._tokenizer: Any = None
         self._batcher: asyncio.Task[None] | None = None
+        self.receiver = WeightReceiver(self)  # /init_weights_update_group and friends
 
     # ---- batching -------------------------------------------------------------------------
     async def _run_batches(self) -> None:
@@ -193,10 +198,18 @@ class EmbeddedServer:
             if not group:
                 self.inflight.pop(rid, None)
 
+    def check_new_rids(self, rids: list[str]) -> None:
+        """SGLang's TokenizerManager rejects a rid already in flight ("Duplicate request ID
+        detected", HTTP 400) and a batch repeating a rid; so does this server."""
+        dup = [r for r in rids if r in self.inflight] or [r for r in rids if rids.count(r) > 1]
+        if dup:
+            raise ValueError(f"Duplicate request ID detected: {dup[0]}")
+
     # ---- handlers -------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.Response:
         try:
             parsed = await self._parse_generate(request)
+            self.check_new_rids(parsed.rids)
         except ValueError as e:
             return _error(400, str(e))
         self.stats["requests"] += 1
@@ -272,6 +285,7 @@ class EmbeddedServer:
             return web.json_response({"success": False, "message": msg}, status=400)
         self.weight_version = body.get("weight_version") or self.weight_version
         self.stats["weight_updates"] += 1
+        self.receiver.loaded_from_disk(path)
         msg = f"loaded {path} as weight_version={self.weight_version} in {secs:.3f} s"
         return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
 
@@ -310,6 +324,7 @@ class EmbeddedServer:
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_post("/abort_request", self.abort_request)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        self.receiver.add_routes(r)
         for path in ("/get_model_info", "/model_info"):
             r.add_get(path, self.model_info)
         for path in ("/get_server_info", "/server_info"):

@@ -7,9 +7,10 @@ there); on CPU machines the servers are :mod:`.server`, which speaks the same AP
 How a step's generation works:
 
 * Every sample of every group is its own ``/generate`` request (``n == 1`` with its own
-  ``sampling_seed``) with a fixed ``rid`` = (call, request, sample). Results go into a slot per
-  sample, so a retried request can neither be lost nor counted twice, and the router spreads one
-  group over several servers.
+  ``sampling_seed``) with a ``rid`` = (call, request, sample); a retry is sent as
+  ``<rid>-retry<k>``, since SGLang answers a rid still in flight with 400 "Duplicate request ID"
+  (that answer is retried too). Results go into a slot per sample, so a retried request can
+  neither be lost nor counted twice, and the router spreads one group over several servers.
 * Concurrency is bounded by a semaphore (``rollout.sglang.max_concurrency``). A request that
   fails with a connection error, a timeout, a 5xx, or comes back aborted by a server we did not
   ask to abort, is retried with exponential back-off and jitter, up to ``max_retries`` times.
@@ -23,7 +24,9 @@ Weights: ``update_weights_from_disk`` fans out to every worker the router lists 
 0.3.2 does not forward that endpoint), and records the path and version in
 ``<sync_dir>/current_weights.json`` so that a restarted server is brought to the current weights
 before it is re-added (:mod:`launch.servers`). ``weight_sync: distributed`` uses
-:class:`DistributedWeightSync` (NCCL broadcast in buckets; GPU only, not yet run on a GPU).
+:class:`~megatron_rl.rollout.sglang_weights.DistributedWeightSync` (broadcast in buckets over a
+group built as SGLang builds it: NCCL on GPUs, gloo against the embedded server on CPUs), and
+records each version on disk too, for restarted servers.
 
 Log-probs: SGLang returns ``log_softmax(logits / T)`` (post-temperature), the convention of
 :mod:`.base`; nothing is converted. Start SGLang without ``SGLANG_RETURN_ORIGINAL_LOGPROB``.
@@ -52,6 +55,7 @@ from megatron_rl.rollout.base import (
     derive_seed,
     register_engine,
 )
+from megatron_rl.rollout.sglang_weights import DistributedWeightSync
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -79,6 +83,7 @@ class SGLangClient:
         self.metrics: Counter[str] = Counter()
         self._session: aiohttp.ClientSession | None = None
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self.live_rids: dict[str, str] = {}  # request rid -> rid of its latest attempt
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -136,19 +141,47 @@ class SGLangClient:
     # ---- generation -----------------------------------------------------------------------
     async def generate_one(self, input_ids: list[int], sp: dict[str, Any], rid: str) -> Completion:
         """One sample; retried on failure. ``sp`` is SGLang ``sampling_params`` with n == 1."""
-        body = {"rid": rid, "input_ids": input_ids, "sampling_params": sp, "return_logprob": True}
+        tries = [0]
 
         async def attempt() -> Completion:
+            body = {
+                "rid": self.attempt_rid(rid, tries[0]),
+                "input_ids": input_ids,
+                "sampling_params": sp,
+                "return_logprob": True,
+            }
+            tries[0] += 1
             async with self._sem:
                 self.metrics["requests"] += 1
-                out = await self._post(f"{self.url}/generate", body)
+                out = await self._post_generate(body)
             out = out[0] if isinstance(out, list) else out
             c = parse_completion(out)
             if c.finish_reason == "abort":  # a server-side abort we did not ask for
                 raise RetryableError(f"request {rid} was aborted by the server")
             return c
 
-        return await self._with_retries(f"/generate rid={rid}", attempt)
+        try:
+            return await self._with_retries(f"/generate rid={rid}", attempt)
+        finally:
+            self.live_rids.pop(rid, None)
+
+    def attempt_rid(self, rid: str, attempt: int) -> str:
+        """The rid of one attempt: a fresh one per retry (SGLang answers 400 "Duplicate request
+        ID" while an earlier attempt with the same rid is still in flight on a server, e.g.
+        after a client-side timeout), remembered for :meth:`abort`."""
+        live = rid if attempt == 0 else f"{rid}-retry{attempt}"
+        self.live_rids[rid] = live
+        return live
+
+    async def _post_generate(self, body: dict[str, Any]) -> Any:
+        """POST /generate; a duplicate-rid 400 is retryable (the next attempt has a new rid)."""
+        try:
+            return await self._post(f"{self.url}/generate", body)
+        except ValueError as e:
+            if "Duplicate request ID" in str(e):
+                self.metrics["duplicate_rid"] += 1
+                raise RetryableError(str(e)) from e
+            raise
 
     async def generate(
         self, requests: list[GenRequest], call_id: str, seeds: list[int], need_groups: int | None
@@ -175,6 +208,7 @@ class SGLangClient:
         finally:
             if pending:
                 rids = [f"{call_id}-{tasks[t][0]}-{tasks[t][1]}" for t in pending]
+                rids = [self.live_rids.get(r, r) for r in rids]
                 await self.abort(pending, rids)
         abort = Completion(token_ids=[], text="", logprobs=[], finish_reason="abort")
         return [[c if c is not None else abort for c in group] for group in slots]
@@ -240,6 +274,15 @@ class SGLangClient:
         await asyncio.gather(*(one(u) for u in urls))
 
 
+def recorded_version(sync_dir: Path) -> int:
+    """The version in ``<sync_dir>/current_weights.json`` (0 when there is none): a resumed
+    trainer continues from it, so ``v<version>`` folders and versions never go back."""
+    try:
+        return int(json.loads((sync_dir / WEIGHTS_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def to_sampling_params(req: GenRequest, seed: int) -> dict[str, Any]:
     """SGLang ``sampling_params`` for one sample of ``req``."""
     p = req.params
@@ -286,8 +329,8 @@ class SGLangEngine(RolloutEngine):
         self.cfg = cfg
         self.seed = seed
         self.calls = 0
-        self.version = 0
         self.sync_dir = Path(cfg.sync_dir or Path(model_dir).parent / "rollout_weights")
+        self.version = recorded_version(self.sync_dir)  # versions only grow, across restarts
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -330,128 +373,60 @@ class SGLangEngine(RolloutEngine):
         self.version += 1
         version = str(self.version)
         self._run(self.client.update_weights_from_disk(str(Path(hf_dir).resolve()), version))
-        self.sync_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.sync_dir / (WEIGHTS_FILE + ".tmp")
-        record = {"path": str(Path(hf_dir).resolve()), "version": version}
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.sync_dir / WEIGHTS_FILE)
+        self._record(str(Path(hf_dir).resolve()), version)
         return time.perf_counter() - t0
 
     def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
         if self.cfg.sglang.weight_sync == "distributed":
-            if self._sync is None:
-                urls = self._run(self.client.worker_urls())
-                self._sync = DistributedWeightSync(urls, self.cfg.sglang, self._post_async)
-            self.version += 1
-            return float(self._sync.update(hf_state_dict, str(self.version)))
+            return self._update_distributed(hf_state_dict)
+        t0 = time.perf_counter()
+        out = self._write_version(hf_state_dict, self.version + 1)
+        return time.perf_counter() - t0 + self.update_weights_from_disk(str(out))
+
+    def _write_version(self, hf_state_dict: dict[str, Tensor], version: int) -> Path:
+        """``<sync_dir>/v<version>`` (servers read it: must be shared disk); keeps two."""
         from megatron_rl.rollout.weight_sync import write_safetensors
 
-        t0 = time.perf_counter()
-        out = self.sync_dir / f"v{self.version + 1:06d}"  # servers read it: must be shared disk
+        out = self.sync_dir / f"v{version:06d}"
         write_safetensors(hf_state_dict, out)
-        secs = time.perf_counter() - t0 + self.update_weights_from_disk(str(out))
         for old in sorted(self.sync_dir.glob("v*"))[:-2]:  # keep the current and previous
             shutil.rmtree(old, ignore_errors=True)
-        return secs
+        return out
+
+    def _update_distributed(self, hf_state_dict: dict[str, Tensor]) -> float:
+        """Broadcast to every server; with ``record_weights`` the version is also written to
+        disk and recorded, so a server the fleet restarts loads it before taking traffic."""
+        if self._sync is None:
+            self._sync = DistributedWeightSync(
+                self.cfg.sglang,
+                self._post_async,
+                lambda: self._run(self.client.worker_urls()),
+                router_url=self.cfg.urls[0],
+            )
+        t0 = time.perf_counter()
+        self.version += 1
+        self._sync.update(hf_state_dict, str(self.version))
+        if self.cfg.sglang.record_weights:
+            out = self._write_version(hf_state_dict, self.version)
+            self._record(str(out.resolve()), str(self.version))
+        return time.perf_counter() - t0
+
+    def _record(self, path: str, version: str) -> None:
+        """``<sync_dir>/current_weights.json``: what a restarted server must load."""
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sync_dir / (WEIGHTS_FILE + ".tmp")
+        tmp.write_text(json.dumps({"path": path, "version": version}))
+        tmp.replace(self.sync_dir / WEIGHTS_FILE)
 
     def shutdown(self) -> None:
         if self._loop.is_closed():
             return
+        if self._sync is not None:  # servers drop the group (a new trainer builds its own)
+            try:
+                self._sync.teardown()
+            except Exception as e:
+                log.warning("weight-update group teardown failed: %s", e)
         self._run(self.client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
-
-
-class DistributedWeightSync:
-    """Trainer rank 0 -> every SGLang server: ``/init_weights_update_group`` once, then per
-    update ``/update_weights_from_distributed`` + NCCL broadcasts, one bucket at a time.
-
-    GPU path, written against SGLang's schemas (``InitWeightsUpdateGroupReqInput``,
-    ``UpdateWeightsFromDistributedReqInput``) but **not yet run on a GPU**: only the request side
-    (bodies, bucketing, ranks, ordering) is unit-tested on CPU, with the broadcast injected.
-    Rank 0 is the trainer; server ``i`` holds ranks ``1 + i * engine_tp`` onwards. The group is
-    created like SGLang's ``init_custom_process_group``: a TCP rendezvous store at
-    ``master_addr:master_port`` prefixed by the group name, and a NCCL group on it.
-    """
-
-    GROUP = "weight_update_group"
-
-    def __init__(self, urls: list[str], cfg: SGLangConfig, post: Any, group: Any = None) -> None:
-        self.urls = urls
-        self.cfg = cfg
-        self.post = post  # (url, body) -> concurrent.futures.Future of the JSON answer
-        self.group = group  # object with broadcast(tensor) (None: NCCL group made on first use)
-        self.world_size = 1 + len(urls) * cfg.engine_tp
-
-    def _init_group(self) -> None:
-        import socket
-
-        addr = self.cfg.master_addr or socket.gethostbyname(socket.gethostname())
-        futures = [
-            self.post(
-                f"{url}/init_weights_update_group",
-                {
-                    "master_address": addr,
-                    "master_port": self.cfg.master_port,
-                    "rank_offset": 1 + i * self.cfg.engine_tp,
-                    "world_size": self.world_size,
-                    "group_name": self.GROUP,
-                    "backend": "nccl",
-                },
-            )
-            for i, url in enumerate(self.urls)
-        ]
-        self.group = _NCCLGroup(addr, self.cfg.master_port, self.world_size, self.GROUP)
-        _check_all(futures, "init_weights_update_group")
-
-    def buckets(self, state: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:
-        """Consecutive groups of tensors of at most ``bucket_mb`` MiB (a bigger tensor alone)."""
-        from megatron_rl.model.hf_io import group_by_bytes
-
-        plan = group_by_bytes(state, self.cfg.bucket_mb * 2**20)
-        out = [[(name, state[name]) for name in names] for names in plan]
-        return [b for b in out if b]
-
-    def update(self, state: dict[str, Tensor], version: str) -> float:
-        t0 = time.perf_counter()
-        if self.group is None:
-            self._init_group()
-        buckets = self.buckets(state)
-        for k, bucket in enumerate(buckets):
-            body = {
-                "names": [n for n, _ in bucket],
-                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket],
-                "group_name": self.GROUP,
-                "flush_cache": k == len(buckets) - 1,
-                "weight_version": version,
-            }
-            futures = [
-                self.post(f"{url}/update_weights_from_distributed", body) for url in self.urls
-            ]
-            for _, t in bucket:  # servers receive in the order of "names"
-                self.group.broadcast(t)
-            _check_all(futures, "update_weights_from_distributed")
-        return time.perf_counter() - t0
-
-
-class _NCCLGroup:
-    """A NCCL process group beside (not replacing) the trainer's default one. GPU only."""
-
-    def __init__(self, addr: str, port: int, world_size: int, name: str) -> None:
-        import torch.distributed as dist
-
-        store = dist.TCPStore(addr, port, world_size, is_master=True)
-        nccl: Any = dist.ProcessGroupNCCL  # absent from CPU builds of torch
-        self.pg: Any = nccl(dist.PrefixStore(name, store), 0, world_size, nccl.Options())
-
-    def broadcast(self, t: Tensor) -> None:
-        self.pg.broadcast(t.cuda().contiguous(), 0).wait()
-
-
-def _check_all(futures: list[Any], what: str) -> None:
-    for f in futures:
-        out = f.result()
-        if not (isinstance(out, dict) and out.get("success")):
-            raise RuntimeError(f"{what} failed on a server: {out}")

@@ -5,7 +5,9 @@ be imported here. These schemas were written by reading SGLang's own definitions
 
 * ``python/sglang/srt/managers/io_struct.py`` at sgl-project/sglang commit ``001067ff``
   (``GenerateReqInput``, ``FlushCacheReqInput``, ``AbortReq``, ``UpdateWeightFromDiskReqInput``,
-  ``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``, their outputs);
+  ``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``, their outputs;
+  ``DestroyWeightsUpdateGroupReqInput`` and ``GetWeightsByNameReqInput``, read in the newer
+  ``io_struct.py`` of the stored snapshot);
 * ``python/sglang/srt/sampling/sampling_params.py`` at commit ``00c17caf``
   (``SamplingParams``: API fields only; the internal ``stop_strs``, ``is_normalized``... are not
   accepted on the wire);
@@ -232,6 +234,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         ("names", "dtypes", "shapes"),
     ),
+    "destroy_weights_update_group": _obj({"group_name": _STR}),
+    "get_weights_by_name": _obj({"name": _STR, "truncate_size": _INT}, ("name",)),
     "success.response": _SUCCESS,
 }
 

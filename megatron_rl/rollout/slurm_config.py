@@ -46,6 +46,7 @@ class SlurmConfig:
     signal_before_end_s: int = 300  # seconds before the time limit that USR1 asks for a checkpoint
     requeue: bool = True  # requeue after that signal (and allow Slurm to requeue on preemption)
     health_timeout_s: int = 900  # seconds a server may take to become healthy before failing
+    trainer_procs_per_node: int = 0  # trainer ranks per trainer node (0: its GPUs; CPU: 1)
     extra_sbatch: list[str] = field(default_factory=list)  # more '#SBATCH' options, verbatim
 
     def layout(self) -> tuple[int, int]:
@@ -71,6 +72,10 @@ class SlurmConfig:
             return self.gpus_per_node - self.servers() * self.gpus_per_server
         return self.gpus_per_node
 
+    def trainer_procs(self) -> int:
+        """Trainer ranks per trainer node: ``trainer_procs_per_node``, else one per GPU."""
+        return self.trainer_procs_per_node or max(1, self.trainer_gpus())
+
     def validate(self) -> None:
         if self.nodes < 1:
             raise ValueError(f"slurm.nodes must be >= 1, got {self.nodes}")
@@ -85,6 +90,7 @@ class SlurmConfig:
             "gpus_per_server",
             "cpus_per_node",
             "signal_before_end_s",
+            "trainer_procs_per_node",
         ):
             if getattr(self, key) < 0:
                 raise ValueError(f"slurm.{key} must be >= 0, got {getattr(self, key)}")

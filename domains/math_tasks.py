@@ -4,11 +4,8 @@ Names are ``math/<generator>`` with levels 1-3 inside each domain (bigger number
 Golds are LaTeX (``\\frac{3}{4}``, ``2\\sqrt{3}``); ``math-verify`` accepts equivalent forms, so
 ``0.75``, ``3/4`` and ``\\boxed{\\frac{3}{4}}`` all score 1.
 
-Timeouts: ``math-verify`` bounds parsing and comparison with ``signal.alarm``, which only works
-in a process's main thread. :func:`math_equal` passes the timeouts only on the main thread
-(inline scoring, and the verifier pool's worker processes, whose tasks run on their main
-thread); on any other thread it disables them, relying on the answer length cap of
-:class:`Domain` (answers over ``MAX_CHARS`` never reach the parser) to bound the work.
+Answers are checked by :func:`megatron_rl.domains.verifiers.math_equal` (shared with the JSONL
+task sets; its docstring explains the timeouts); answers over ``MAX_CHARS`` never reach it.
 
 Answer extraction differs from the default: the ``<answer>`` block if any, else the whole
 response (``math-verify`` finds the last ``\\boxed{}`` or final expression itself).
@@ -17,15 +14,15 @@ response (``math-verify`` finds the last ``\\boxed{}`` or final expression itsel
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
 from megatron_rl.domains.base import Domain, Task, extract_answer
+from megatron_rl.domains.verifiers import MATH_MAX_CHARS as MAX_CHARS
+from megatron_rl.domains.verifiers import math_equal
 
-MAX_CHARS = 4000  # longer answers are unparsable without calling the parser
-TIMEOUT_S = 3  # math-verify parse/verify timeout (main thread only)
+__all__ = ["MAX_CHARS", "domains", "latex", "math_equal"]
 
 
 def latex(q: Fraction) -> str:
@@ -34,20 +31,6 @@ def latex(q: Fraction) -> str:
         return str(q.numerator)
     sign = "-" if q < 0 else ""
     return f"{sign}\\frac{{{abs(q.numerator)}}}{{{q.denominator}}}"
-
-
-def math_equal(gold: str, answer: str) -> tuple[bool, bool]:
-    """(equal, parsable) of a LaTeX gold and a free-form answer, via math-verify."""
-    from math_verify import parse, verify
-
-    t = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    g = parse(f"${gold}$", parsing_timeout=t)  # type: ignore[arg-type]
-    bare_latex = "\\" in answer and "$" not in answer and "\\boxed" not in answer
-    # bare LaTeX ("3\\sqrt{7}") is only read whole inside $...$; plain text parses as is
-    p = parse(f"${answer}$" if bare_latex else answer, parsing_timeout=t)  # type: ignore[arg-type]
-    if not p:
-        return False, False
-    return bool(verify(g, p, timeout_seconds=t)), True
 
 
 def _fraction_add(level: int, rng: random.Random) -> tuple[str, Fraction]:

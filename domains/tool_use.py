@@ -31,6 +31,7 @@ import sqlite3
 from typing import Any
 
 from megatron_rl.domains.base import Domain, Env, Observation, Task, extract_answer
+from megatron_rl.domains.verifiers import numbers_equal
 
 MAX_TURNS = 6  # model turns per episode
 SQL_STEPS = 2_000_000  # SQLite VM steps before a query is aborted
@@ -72,14 +73,6 @@ def calculate(expr: str) -> float:
 
 def fmt_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.6f}".rstrip("0")
-
-
-def numbers_equal(gold: str, answer: str) -> tuple[bool, bool]:
-    try:
-        value = float(answer.replace(",", "").strip())
-    except ValueError:
-        return False, False
-    return abs(value - float(gold)) <= 1e-6 * max(1.0, abs(float(gold))), True
 
 
 def build_db(seed: int, rows: int) -> sqlite3.Connection:

@@ -54,6 +54,29 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
+    def validate(self) -> None:
+        """Checks across sections (each section validated its own fields first)."""
+        if self.rollout.top_p < 1:
+            raise ValueError(
+                f"rollout.top_p={self.rollout.top_p}: the trainer scores tokens under the full "
+                "softmax, so the engine's nucleus-renormalised log-probs would not match "
+                "(biased gradient and TIS weights); use rollout.top_p=1"
+            )
+        split = self.parallel.tp * self.parallel.pp * self.parallel.cp > 1
+        if self.rl.kl_in_reward and self.rl.kl_coef > 0 and split:
+            raise ValueError(
+                "rl.kl_in_reward=true computes the penalty on the controller (rank 0) alone, so "
+                "the reference must not be split: use parallel.tp=pp=cp=1, or KL as a loss term"
+            )
+        lag = self.rollout.sync_every - 1 + int(self.rl.off_policy)
+        if lag > self.rl.max_staleness:
+            raise ValueError(
+                f"rl.max_staleness={self.rl.max_staleness}: with rollout.sync_every="
+                f"{self.rollout.sync_every} and rl.off_policy={str(self.rl.off_policy).lower()} "
+                f"samples lag the trainer by up to {lag} optimizer steps; raise "
+                "rl.max_staleness or lower rollout.sync_every"
+            )
+
 
 # ----------------------------------------------------------------------------------------------
 # generic dataclass <-> dict machinery

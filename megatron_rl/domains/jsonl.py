@@ -37,6 +37,7 @@ from megatron_rl.domains.base import (
     split_of,
     stable_int,
 )
+from megatron_rl.domains.verifiers import extract_code, math_equal, numbers_equal, score_program
 
 VERIFIERS = ("exact", "regex", "numeric", "math", "json_schema", "code_tests", "domain")
 FAILURES_FILE = "eval_failures.jsonl"
@@ -87,13 +88,9 @@ class JsonlDomain(Domain):
         if kind == "regex":
             return float(re.fullmatch(task.meta["pattern"], answer.strip()) is not None), {}
         if kind == "numeric":
-            from domains.tool_use import numbers_equal
-
             ok, parsable = numbers_equal(task.gold, answer)
             return float(ok), {"parsable": parsable}
         if kind == "math":
-            from domains.math_tasks import math_equal
-
             ok, parsable = math_equal(task.gold, answer)
             return float(ok), {"parsable": parsable}
         if kind == "json_schema":
@@ -105,8 +102,6 @@ class JsonlDomain(Domain):
                 return 0.0, {}
             return 1.0, {}
         if kind == "code_tests":
-            from domains.code import extract_code, score_program
-
             return score_program(extract_code(answer), task.meta["tests"])
         return self._score_by_source(task, answer)
 

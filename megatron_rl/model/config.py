@@ -48,6 +48,22 @@ class ModelConfig:
 
 
 @dataclass
+class OptimizerConfig:
+    """AdamW settings of a trainable :class:`~megatron_rl.model.policy.Policy`.
+
+    The trainer's ``TrainConfig`` extends this with step counts and schedules; the model only
+    reads these fields, so it never imports the trainer.
+    """
+
+    lr: float = 1e-3  # peak learning rate (the trainer passes the scheduled one every step)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay (matrices only: not biases, norms)
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.95  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip: float = 1.0  # max global grad norm (0: off)
+
+
+@dataclass
 class ParallelConfig:
     """How the policy is split over processes (world = tp * pp * cp * dp)."""
 

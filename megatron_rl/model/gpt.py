@@ -150,17 +150,28 @@ def block_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:
 
 
 def vocab_parallel_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    logits: Tensor, targets: Tensor, temperature: float | Tensor, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of ``targets`` and entropy under softmax(logits / temperature), TP-aware.
 
-    logits: [N, V / tp] (this rank's vocab slice), targets: [N] global ids.
-    Returns logprobs [N] and entropy [N] (or None), replicated over TP ranks, differentiable.
+    logits: [N, V / tp] (this rank's vocab slice), targets: [N] global ids, temperature: one
+    float for every row or a [N] tensor (row i's temperature; the same on every TP rank, since
+    each rank holds a vocab slice of the same rows). Returns logprobs [N] and entropy [N] (or
+    None), replicated over TP ranks, differentiable.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    z = logits.float() / temperature
+    if isinstance(temperature, Tensor) and temperature.numel() != 1:
+        if temperature.numel() != logits.shape[0]:
+            raise ValueError(
+                f"per-row temperature must have shape {tuple(logits.shape[:1])}, "
+                f"got {tuple(temperature.shape)}"
+            )
+        t = temperature.reshape(-1, 1).to(device=logits.device, dtype=torch.float32)
+        z = logits.float() / t
+    else:
+        z = logits.float() / float(temperature)
     tp_group = mpu.get_tensor_model_parallel_group()
     reduce = partial(reduce_from_tensor_model_parallel_region, group=tp_group)
     zmax = z.detach().max(dim=-1).values
@@ -181,6 +192,19 @@ def vocab_parallel_logprobs(
         return logprobs, None
     expected = reduce((exp * shifted).sum(-1))
     return logprobs, log_z - expected / sum_exp
+
+
+TEMPERATURE_KEY = "temp"  # PackedBatch.extras key of the per-token sampling temperature
+
+
+def prediction_temperatures(batch: PackedBatch, default: float) -> float | Tensor:
+    """Temperature of each prediction row ``logits[:-1]`` (row t-1 predicts token t): [T-1].
+
+    ``batch.extras["temp"][t]`` is the temperature token t was sampled at (the RL loop sets it
+    per sample, see ``rl_step.build_batches``); without it every row uses ``default``.
+    """
+    temps = batch.extras.get(TEMPERATURE_KEY)
+    return default if temps is None else temps[1:]
 
 
 def align_to_tokens(values: Tensor, batch: PackedBatch) -> Tensor:

@@ -20,10 +20,10 @@ multiplies the loss by ``cp`` and DDP averages grads over ``dp x cp``; together 
 ranks' shares of the gradient.
 
 Log-prob alignment (see ``packing.py``): ``logprobs[t] = log softmax(logits[t-1] / T)[tokens[t]]``
-within a sequence and 0 at every sequence start; ``entropy[t]`` is the entropy of that same
-temperature-scaled distribution (the one that predicts token t), also 0 at sequence starts. With
-TP the vocabulary is split; log-softmax and entropy are computed with all-reduces over the TP group
-(never gathering the full ``[T, V]`` logits).
+(``T``: token t's ``extras["temp"]`` if the batch has it) within a sequence, 0 at sequence
+starts; ``entropy[t]`` is the entropy of that same temperature-scaled distribution (the one that
+predicts token t), also 0 at sequence starts. With TP the vocabulary is split; log-softmax and
+entropy are computed with all-reduces over the TP group (never gathering the full ``[T, V]``).
 
 Loss-normalisation contract of :meth:`Policy.forward_backward`: the gradient is that of
 ``sum over batches of loss_fn(batch, ...)``, exactly. The caller's ``loss_fn`` does all the
@@ -50,16 +50,17 @@ from long_context.cp import CPShard, all_gather_merge, check_same_batches, gathe
 from long_context.cp_te import te_cp_inputs
 from long_context.packing import PackedBatch, pack, to_device
 from megatron_rl.model import convert
-from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.config import ModelConfig, OptimizerConfig, ParallelConfig
 from megatron_rl.model.gpt import (
+    TEMPERATURE_KEY,
     align_to_tokens,
     block_causal_mask,
     build_gpt_model,
+    prediction_temperatures,
     use_te_spec,
     vocab_parallel_logprobs,
 )
 from megatron_rl.model.parallel import DistInfo, validate_layout
-from megatron_rl.train.config import TrainConfig
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
 
@@ -68,7 +69,7 @@ class Policy:
     """The policy model chunk on this rank, with optional optimizer; see the module docstring."""
 
     def __init__(
-        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: TrainConfig | None = None
+        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: OptimizerConfig | None = None
     ) -> None:
         self.cfg = model_cfg
         self.dist = dist_info
@@ -89,16 +90,17 @@ class Policy:
 
     # ------------------------------------------------------------------ construction
 
-    def _build_training(self, train_cfg: TrainConfig) -> None:
+    def _build_training(self, train_cfg: OptimizerConfig) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+        from megatron.core.optimizer import get_megatron_optimizer
 
         tcfg = self.module.config
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
         )
         self.model = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=self.module)
-        opt_cfg = OptimizerConfig(
+        opt_cfg = MegatronOptimizerConfig(
             optimizer="adam",
             lr=train_cfg.lr,
             weight_decay=train_cfg.weight_decay,
@@ -111,6 +113,8 @@ class Policy:
             params_dtype=tcfg.params_dtype,
         )
         self.optimizer = get_megatron_optimizer(opt_cfg, [self.model])
+        self.weight_decay = train_cfg.weight_decay
+        self.grad_clip = train_cfg.grad_clip
 
     def _configure_schedule(self) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -212,14 +216,17 @@ class Policy:
         over the CP group, so every CP rank gets the whole row (and computes the whole loss).
         """
         if part is None:
-            lp, ent = vocab_parallel_logprobs(
-                logits[:-1], batch.tokens[1:], temperature, with_entropy
-            )
+            temps = prediction_temperatures(batch, temperature)
+            lp, ent = vocab_parallel_logprobs(logits[:-1], batch.tokens[1:], temps, with_entropy)
             return align_to_tokens(lp, batch), None if ent is None else align_to_tokens(ent, batch)
         from megatron.core import parallel_state as mpu
 
         labels = part.labels.to(logits.device)
-        lp, ent = vocab_parallel_logprobs(logits, labels, temperature, with_entropy)
+        t: float | Tensor = temperature
+        if TEMPERATURE_KEY in part.extras:  # shifted like the labels; padding (0) scored at 1
+            shard_t = part.extras[TEMPERATURE_KEY]
+            t = torch.where(shard_t > 0, shard_t, torch.ones_like(shard_t))
+        lp, ent = vocab_parallel_logprobs(logits, labels, t, with_entropy)
         group, rank = mpu.get_context_parallel_group(), self.dist.cp_rank
         lp = gather_token_aligned(lp, part, rank, group)
         return lp, None if ent is None else gather_token_aligned(ent, part, rank, group)
@@ -256,7 +263,10 @@ class Policy:
     def token_logprobs(
         self, batches: list[PackedBatch], temperature: float = 1.0, with_entropy: bool = False
     ) -> list[tuple[Tensor, Tensor | None]]:
-        """Per batch: logprobs [T] (and entropy [T] or None), on CPU, on every rank."""
+        """Per batch: logprobs [T] (and entropy [T] or None), on CPU, on every rank.
+
+        Tokens are scored at the batch's ``extras["temp"]`` (per token) if any, else at
+        ``temperature``."""
         if not batches:
             return []
 
@@ -348,6 +358,7 @@ class Policy:
         """Accumulate grads of sum_b loss_fn(b, logprobs [T], entropy [T]); metrics per batch.
 
         The caller normalises (see the module docstring); each metrics dict also holds "loss".
+        Tokens are scored at the batch's ``extras["temp"]`` if any, else at ``temperature``.
         """
         if self.optimizer is None:
             raise ValueError("Policy.forward_backward needs a Policy built with train_cfg")
@@ -370,20 +381,36 @@ class Policy:
     def optimizer_step(self, lr: float) -> dict[str, float]:
         """Clip and apply the accumulated grads at learning rate ``lr``; zero the grads.
 
-        A non-finite grad norm skips the update (``skipped=1``). Returns grad_norm, lr, skipped.
+        A non-finite grad norm (or an fp16 overflow) skips the update (``skipped=1``). Returns
+        grad_norm, lr, skipped. Grads are prepared (with fp16: unscaled, loss scale updated) once:
+        Megatron's ``optimizer.step()`` would prepare them again, so its parts are called here.
+        Weight decay times each param group's ``wd_mult`` (0 for biases and norms), which
+        Megatron applies only through its LR scheduler (not used here).
         """
         if self.optimizer is None:
             raise ValueError("Policy.optimizer_step needs a Policy built with train_cfg")
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.prepare_grads()
-        grad_norm = float(self.optimizer.get_grad_norm())
+            group["weight_decay"] = self.weight_decay * group.get("wd_mult", 1.0)
+        found_inf = self.optimizer.prepare_grads()
+        grad_norm = float("nan") if found_inf else float(self.optimizer.get_grad_norm())
         skipped = not math.isfinite(grad_norm)
         if not skipped:
-            success, _, _ = self.optimizer.step()
-            skipped = not success
+            self._clip_grads(grad_norm)
+            skipped = not self.optimizer.step_with_ready_grads()
         self.zero_grad()
         return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+
+    def _clip_grads(self, grad_norm: float) -> None:
+        """Scale the prepared main grads so their global norm is at most ``grad_clip``."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        if self.grad_clip <= 0:
+            return
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = opt.get_parameters()
+            if params:
+                clip_grad_by_total_norm_fp32(params, self.grad_clip, grad_norm)
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients (DDP grad buffers and optimizer grads)."""

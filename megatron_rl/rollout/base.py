@@ -8,7 +8,8 @@ Log-prob convention (the trainer must compute exactly the same quantity):
 ``Completion.logprobs[i]`` is the log-prob of ``token_ids[i]`` under the distribution the token
 was sampled from, ``log_softmax(logits / T)`` for temperature ``T > 0``. With ``top_p < 1`` the
 distribution is the nucleus renormalised (tokens outside the nucleus have probability 0), so
-the trainer can only reproduce it if it applies the same nucleus; RL runs use ``top_p = 1``.
+the trainer can only reproduce it if it applies the same nucleus; RL runs use ``top_p = 1``
+(config load refuses ``rollout.top_p < 1``).
 With ``T == 0`` (greedy) the log-prob is that of the untempered ``log_softmax(logits)``.
 
 A completion ends at the tokenizer's EOS or a ``stop_token_ids`` token (that token is part of

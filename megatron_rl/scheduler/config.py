@@ -43,6 +43,8 @@ class SchedulerConfig:
     temperature_anneal_groups: int = 0  # groups of one domain to go start -> end (0: constant)
     temperature_min: float = 0.3  # lower bound on every domain's temperature
     temperature_max: float = 1.5  # upper bound on every domain's temperature
+    domain_temperature: dict[str, float] = field(default_factory=dict)  # name/glob -> fixed
+    # base temperature of matching domains (first match wins), instead of temperature/_end
     temperature_adapt: str = "none"  # 'none', 'entropy' (nats/token) or 'diversity' adaptation
     temperature_target: float = 0.0  # target entropy (nats/token) or nonzero-variance group share
     temperature_adapt_rate: float = 0.05  # log-temperature change per step per unit rel. error
@@ -104,10 +106,12 @@ class SchedulerConfig:
         lo, hi = self.temperature_min, self.temperature_max
         if lo > hi:
             raise ValueError(f"scheduler.temperature_min={lo} is above temperature_max={hi}")
-        for key in ("temperature", "temperature_end"):
-            if not lo <= getattr(self, key) <= hi:
+        values = {k: getattr(self, k) for k in ("temperature", "temperature_end")}
+        values.update({f"domain_temperature.{k}": v for k, v in self.domain_temperature.items()})
+        for key, value in values.items():
+            if not lo <= value <= hi:
                 raise ValueError(
-                    f"scheduler.{key}={getattr(self, key)} is outside "
+                    f"scheduler.{key}={value} is outside "
                     f"[temperature_min, temperature_max] = [{lo}, {hi}]"
                 )
         if self.temperature_adapt not in TEMPERATURE_ADAPT:

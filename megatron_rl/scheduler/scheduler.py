@@ -25,6 +25,7 @@ reloaded scheduler produces the same plans as the one that was saved.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,12 @@ def check_domains(cfg: SchedulerConfig, domains: list[DomainInfo]) -> None:
             raise ValueError(f"domain {d.name!r} has tier {d.tier!r}; tiers: {list(TIERS)}")
         if not d.levels:
             raise ValueError(f"domain {d.name!r} has no difficulty levels")
+    for pattern in cfg.domain_temperature:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            raise ValueError(
+                f"scheduler.domain_temperature key {pattern!r} matches no domain; "
+                f"domains: {names[:8]}"
+            )
     if cfg.floor * len(domains) > 1.0 + 1e-9:
         raise ValueError(
             f"scheduler.floor={cfg.floor} times {len(domains)} domains is above 1; "
@@ -75,7 +82,7 @@ class DomainScheduler:
         self.rng = np.random.default_rng(seed)
         self.stats = DomainStats(n, cfg.ema_decay, cfg.prior_strength, cfg.pass_threshold)
         self.policy = make_policy(cfg, self.domains)
-        self.temps = TemperatureController(cfg, n)
+        self.temps = TemperatureController(cfg, n, self.names)
         self.curriculum = Curriculum(cfg, self.domains)
         self.guard = SeesawGuard(cfg, self.names)
         self.drop = np.zeros((2, n))  # EMA sums of [dropped, generated] groups per domain
@@ -148,7 +155,7 @@ class DomainScheduler:
             raise ValueError(f"select needs >= {num_groups} results, got {len(results)}")
         if not self.cfg.filter_zero_variance:
             return list(range(num_groups))
-        zero = [r.zero_variance for r in results]
+        zero = [r.filterable for r in results]
         kept = [i for i in range(num_groups) if not zero[i]]
         spare = [i for i in range(num_groups, len(results)) if not zero[i]]
         for i in range(num_groups):
@@ -183,7 +190,7 @@ class DomainScheduler:
         idx = self._indices(results)
         gen = np.bincount(idx, minlength=len(self.names)).astype(float)
         # dropped = filtered for zero variance (unused extras with signal do not count)
-        dropped_idx = [d for k, d in enumerate(idx) if k not in kept and results[k].zero_variance]
+        dropped_idx = [d for k, d in enumerate(idx) if k not in kept and results[k].filterable]
         dropped = np.bincount(np.array(dropped_idx, dtype=np.int64), minlength=len(self.names))
         seen = gen > 0
         factor = self.cfg.ema_decay ** gen[seen]

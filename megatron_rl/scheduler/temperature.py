@@ -2,9 +2,11 @@
 
 ``T_i = clip(T_sched(g_i) * exp(offset_i) * seesaw_i, temperature_min, temperature_max)``
 
-* ``T_sched`` moves linearly from ``temperature`` to ``temperature_end`` over the first
-  ``temperature_anneal_groups`` groups *of that domain* (its own training time, so a rarely
-  sampled domain stays exploratory longer than a frequent one).
+* ``T_sched`` is a domain's ``domain_temperature`` entry when one matches its name (a fixed
+  per-domain base, e.g. ``{"math/*": 0.6, "code/*": 1.2}``); otherwise it moves linearly from
+  ``temperature`` to ``temperature_end`` over the first ``temperature_anneal_groups`` groups
+  *of that domain* (its own training time, so a rarely sampled domain stays exploratory longer
+  than a frequent one).
 * ``offset_i`` is a log-space integral controller that keeps a signal near
   ``temperature_target``: the domain's mean token entropy (``'entropy'``, nats/token) or its
   share of groups with reward variance (``'diversity'``). Both rise with temperature, so the
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 import numpy as np
@@ -26,17 +29,27 @@ from megatron_rl.scheduler.stats import DomainStats
 class TemperatureController:
     """Holds the adaptive offsets [n_domains] and computes temperatures [n_domains]."""
 
-    def __init__(self, cfg: SchedulerConfig, n_domains: int):
+    def __init__(self, cfg: SchedulerConfig, n_domains: int, names: list[str] | None = None):
         self.cfg = cfg
         self.offset = np.zeros(n_domains)
         self.limit = float(np.log(cfg.temperature_max / cfg.temperature_min))
+        self.fixed = np.full(n_domains, np.nan)  # domain_temperature per domain (NaN: none)
+        for i, name in enumerate(names or []):
+            hit = next(
+                (t for p, t in cfg.domain_temperature.items() if fnmatch.fnmatchcase(name, p)),
+                None,
+            )
+            if hit is not None:
+                self.fixed[i] = hit
 
     def scheduled(self, groups_seen: np.ndarray) -> np.ndarray:
         cfg = self.cfg
         if cfg.temperature_anneal_groups <= 0:
-            return np.full(len(groups_seen), cfg.temperature)
-        frac = np.minimum(groups_seen / cfg.temperature_anneal_groups, 1.0)
-        return cfg.temperature + (cfg.temperature_end - cfg.temperature) * frac
+            temp = np.full(len(groups_seen), cfg.temperature)
+        else:
+            frac = np.minimum(groups_seen / cfg.temperature_anneal_groups, 1.0)
+            temp = cfg.temperature + (cfg.temperature_end - cfg.temperature) * frac
+        return np.where(np.isnan(self.fixed), temp, self.fixed)
 
     def temperatures(self, groups_seen: np.ndarray, flagged: np.ndarray) -> np.ndarray:
         scale = np.where(flagged, self.cfg.seesaw_temperature_scale, 1.0)

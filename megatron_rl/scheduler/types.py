@@ -41,8 +41,18 @@ class GroupResult:
     response_lens: list[int]  # tokens per completion
     truncated: list[bool]  # completion hit the length limit
     entropy: float | None = None  # mean token entropy of the group (nats/token), if known
+    no_signal: bool | None = None  # advantages all 0 (None: zero_variance decides, as in GRPO)
 
     @property
     def zero_variance(self) -> bool:
         """All rewards equal: the group has no group-relative (GRPO) advantage signal."""
         return len(self.rewards) == 0 or max(self.rewards) - min(self.rewards) <= 1e-12
+
+    @property
+    def filterable(self) -> bool:
+        """The zero-variance filter may drop this group: its advantages carry no signal.
+
+        For group-relative estimators that is zero variance; the loop sets ``no_signal`` for
+        estimators where it is not (``passthrough``: equal non-zero rewards still teach).
+        """
+        return self.zero_variance if self.no_signal is None else self.no_signal

@@ -5,20 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_rl.model.config import OptimizerConfig
+
 
 @dataclass
-class TrainConfig:
-    """Optimizer and step counts shared by SFT and RL."""
+class TrainConfig(OptimizerConfig):
+    """Optimizer (the model's :class:`OptimizerConfig` fields) and step counts of SFT and RL."""
 
-    lr: float = 1e-3  # peak learning rate
     min_lr: float = 0.0  # floor of the cosine decay
     warmup_steps: int = 0  # linear warm-up, optimizer steps
     lr_schedule: Literal["constant", "cosine"] = "constant"  # decay after warm-up
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    adam_beta1: float = 0.9  # Adam beta1
-    adam_beta2: float = 0.95  # Adam beta2
-    adam_eps: float = 1e-8  # Adam epsilon
-    grad_clip: float = 1.0  # max global grad norm (0: off)
     steps: int = 100  # optimizer steps in the run
     micro_batch_tokens: int = 4096  # token budget of one packed micro-batch (training pass)
     logprob_micro_batch_tokens: int = 8192  # token budget of one micro-batch (log-prob pass)
@@ -55,14 +51,17 @@ class RLConfig:
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.28  # ratio upper clip: 1 + clip_high (clip-higher)
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None: off)
-    loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
+    loss_agg: Literal[
+        "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+    ] = "token_mean"  # token aggregation; seq_mean_token_sum_norm: Dr.GRPO's constant normaliser
+    max_response_tokens: int = 0  # Dr.GRPO constant, tokens per sequence (0: max_new_tokens)
     kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator
-    kl_in_reward: bool = False  # apply KL as a reward penalty instead of a loss term
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator (k1 only as a reward penalty)
+    kl_in_reward: bool = False  # subtract kl_coef * sum_t KL_t from each reward, not a loss term
     entropy_coef: float = 0.0  # entropy bonus weight
     tis_cap: float | None = 2.0  # truncated importance sampling cap on pi_train/pi_rollout
     off_policy: bool = False  # overlap generation of step t+1 with training of step t
-    max_staleness: int = 1  # max policy versions a sample may lag when off_policy is on
+    max_staleness: int = 1  # max optimizer steps a sample may lag the trainer (checked at load)
     eval_every: int = 10  # steps between held-out evals
     eval_samples_per_domain: int = 64  # held-out tasks per domain per eval
 
@@ -80,6 +79,20 @@ class RLConfig:
             raise ValueError(f"rl.dual_clip must be > 1 or null, got {self.dual_clip}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"rl.tis_cap must be > 0 or null, got {self.tis_cap}")
+        self._validate_kl()
+        if self.max_response_tokens < 0:
+            raise ValueError(f"rl.max_response_tokens must be >= 0, got {self.max_response_tokens}")
+        if self.max_staleness < 0:
+            raise ValueError(f"rl.max_staleness must be >= 0, got {self.max_staleness}")
+
+    def _validate_kl(self) -> None:
+        if self.kl_coef < 0:
+            raise ValueError(f"rl.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_coef > 0 and self.kl_estimator == "k1" and not self.kl_in_reward:
+            raise ValueError(
+                "rl.kl_estimator=k1 as a loss term has zero gradient in expectation; "
+                "use k2 or k3 as a loss, or set rl.kl_in_reward=true for k1 as a reward penalty"
+            )
 
 
 @dataclass

@@ -25,7 +25,12 @@ from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
-from megatron_rl.train.rl_step import build_batches, global_normalizer
+from megatron_rl.train.rl_step import (
+    build_batches,
+    drgrpo_constant,
+    global_normalizer,
+    kl_reward_penalties,
+)
 from megatron_rl.train.rollout_phase import Group, RolloutProducer, rollout_metrics
 from megatron_rl.train.runtime import Runtime
 
@@ -33,9 +38,10 @@ from megatron_rl.train.runtime import Runtime
 class Controller:
     """Rollout, scoring, selection, advantages, DP partition, weight push, evals and logging."""
 
-    def __init__(self, rt: Runtime, engine_dir: Path) -> None:
+    def __init__(self, rt: Runtime, engine_dir: Path, ref: Any = None) -> None:
         cfg = rt.cfg
         self.rt, self.cfg = rt, cfg
+        self.ref = ref  # the frozen reference, for KL as a reward penalty (rl.kl_in_reward)
         self.domains = load_domains(
             cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files
         )
@@ -53,7 +59,7 @@ class Controller:
         self.eval_before = state.get("eval_before") or self.evaluate(-1)
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
-            self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg
+            self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg, rt.start_step
         )
         self.groups: list[Group] = []
         self.events: list[dict[str, Any]] = []
@@ -69,28 +75,36 @@ class Controller:
         t.spent.update(generate=timing["generate"], score=timing["score"])
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
         metrics.update(report.monitor_step(self.rt, self.monitor, step, groups))
-        results = [g.result() for g in groups]
+        results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
         kept = self.sched.select(results, cfg.rl.prompts_per_step)
         if cfg.scheduler.filter_zero_variance:  # refill ran out: train on fewer, not on noise
-            kept = [i for i in kept if not results[i].zero_variance]
-        # 4. advantages, then the kept groups split over the DP ranks by tokens
+            kept = [i for i in kept if not results[i].filterable]
+        # 4. advantages (KL to the reference as a reward penalty first, if asked), then the
+        # kept groups split over the DP ranks by tokens
+        penalty = None
+        if cfg.rl.kl_in_reward and self.ref is not None and kept:
+            penalty, kl_stats = kl_reward_penalties(
+                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens
+            )
+            metrics.update(kl_stats)
         shares, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp
+            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp, penalty
         )
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:
             self.rt.tracker.event(step, "empty_batch", groups=len(groups))
         self.groups = groups
-        return shares, global_normalizer(shares, cfg.rl.loss_agg), metrics
+        return shares, global_normalizer(shares, cfg.rl.loss_agg, drgrpo_constant(cfg)), metrics
 
-    def sync(self, hf_sd: dict[str, Any]) -> dict[str, float]:
-        """Push this step's weights to the engine (after a prefetched rollout has finished)."""
+    def sync(self, hf_sd: dict[str, Any], optimizer_steps: int) -> dict[str, float]:
+        """Push the weights after ``optimizer_steps`` steps to the engine (after a prefetched
+        rollout has finished)."""
         self.producer.wait()
         sync_dir = self.cfg.rollout.sync_dir or self.rt.run_dir / "sync"
         out = sync_weights(self.engine, hf_sd, self.cfg.rollout.sync_mode, sync_dir)
-        self.producer.synced()
+        self.producer.synced(optimizer_steps)
         return out
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -98,9 +112,9 @@ class Controller:
 
     def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> None:
         """7. the periodic eval, then the step's events, metrics and samples."""
-        cfg = self.cfg
-        if cfg.rl.eval_every and (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.train.steps:
+        if report.eval_due(self.cfg, step):  # the loop synced the weights before it
             with t("eval"):
+                self.producer.wait()  # never share the engine with a prefetching thread
                 metrics.update(self.evaluate(step)["metrics"])
         for e in self.events:
             self.rt.tracker.event(step, e.pop("event", "scheduler"), **e)

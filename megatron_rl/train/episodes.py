@@ -5,6 +5,10 @@ rendered with the tokenizer's chat template; each sample's response is every tok
 first prompt: model turns (trained, with the engine's log-probs) interleaved with environment
 turns (template + observation tokens, ``response_mask`` 0, so the trainer masks them out of the
 loss). The verifier sees the last model turn (see ``domains/tool_use.py`` for the format).
+An episode ends ``stop`` when the environment says done, ``length`` (truncated, so
+``rewards.truncated_reward`` applies) when a model turn hits ``max_tokens`` or the episode hits
+``MAX_EPISODE_TURNS`` without the environment finishing. Evaluation runs the same episodes,
+greedily (``evaluate.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 if TYPE_CHECKING:
     from megatron_rl.train.rollout_phase import Group
 
-MAX_EPISODE_TURNS = 8  # hard cap on model turns, whatever the environment says
+MAX_EPISODE_TURNS = 8  # hard cap on model turns; an episode cut off by it is truncated
 
 
 class _Episode:
@@ -94,12 +98,14 @@ def run_episodes(
         for (_, e), outs in zip(active, engine.generate(reqs), strict=True):
             c = outs[0]
             e.add_model_turn(list(c.token_ids), list(c.logprobs), c.text)
-            if c.finish_reason == "length" or e.turns >= MAX_EPISODE_TURNS:
-                e.done, e.finish = True, c.finish_reason
+            if c.finish_reason == "length":
+                e.done, e.finish = True, "length"
                 continue
             obs = e.env.step(c.text)
             if obs.done:
                 e.done = True
+            elif e.turns >= MAX_EPISODE_TURNS:  # the turn cap cut it off: truncated
+                e.done, e.finish = True, "length"
             else:
                 e.add_env_turn(tokenizer, obs.text)
     for g in groups:

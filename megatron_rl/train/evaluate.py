@@ -15,6 +15,7 @@ from typing import Any
 from megatron_rl.domains import Domain, Task, VerifyResult
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.train.episodes import run_episodes
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +75,22 @@ def evaluate(
     seed: int,
     max_tokens: int,
     level: int | None = None,
+    stop: list[str] | None = None,
 ) -> EvalResult:
-    """Greedy-decode ``n_per_domain`` held-out tasks per domain and score them."""
-    tasks, requests = [], []
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, n=1, seed=seed)
-    for name, d in domains.items():
-        for i in range(n_per_domain):
-            task = d.task("eval", i, eval_level(d, level, i), seed)
-            tasks.append(task)
-            requests.append(GenRequest(prompt_ids(tokenizer, task.prompt), params, tag=name))
-    outputs = engine.generate(requests)
+    """Greedy-decode ``n_per_domain`` held-out tasks per domain and score them.
+
+    Single-turn domains get one engine call for all their tasks; multi-turn domains (tool use)
+    run their episodes with the environment, as in training, and are scored on the last model
+    turn. ``stop``: the run's ``rollout.stop`` strings, as in training.
+    """
+    tasks = [
+        d.task("eval", i, eval_level(d, level, i), seed)
+        for d in domains.values()
+        for i in range(n_per_domain)
+    ]
+    texts = _responses(engine, tokenizer, domains, tasks, seed, max_tokens, stop)
     result = EvalResult()
-    for task, outs in zip(tasks, outputs, strict=True):
-        text = outs[0].text
+    for task, text in zip(tasks, texts, strict=True):
         verdict = safe_verify(domains[task.domain], task, text)
         score = verdict.score if verdict is not None else 0.0
         result.verifier_errors += verdict is None
@@ -94,3 +98,36 @@ def evaluate(
         result.records.append((task, text, score))
     result.accuracy = {k: sum(v) / len(v) for k, v in result.scores.items()}
     return result
+
+
+def _responses(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    domains: dict[str, Domain],
+    tasks: list[Task],
+    seed: int,
+    max_tokens: int,
+    stop: list[str] | None,
+) -> list[str]:
+    """The greedy response to each task (the last model turn for multi-turn domains)."""
+    from megatron_rl.scheduler import GroupSpec
+    from megatron_rl.train.rollout_phase import Group
+
+    single = [i for i, t in enumerate(tasks) if not domains[t.domain].multi_turn]
+    multi = [i for i, t in enumerate(tasks) if domains[t.domain].multi_turn]
+    texts = [""] * len(tasks)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, n=1, seed=seed, stop=list(stop or [])
+    )
+    requests = [
+        GenRequest(prompt_ids(tokenizer, tasks[i].prompt), params, tag=tasks[i].domain)
+        for i in single
+    ]
+    for i, outs in zip(single, engine.generate(requests) if requests else [], strict=True):
+        texts[i] = outs[0].text
+    if multi:
+        groups = [Group(GroupSpec(tasks[i].domain, tasks[i].level, 0.0), tasks[i]) for i in multi]
+        run_episodes(engine, tokenizer, domains, groups, 1, max_tokens, 1.0, stop)
+        for i, g in zip(multi, groups, strict=True):
+            texts[i] = g.samples[0].text
+    return texts

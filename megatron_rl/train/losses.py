@@ -19,16 +19,33 @@ the policy term is weighted by w = min(exp(old_logp - rollout_logp), tis_cap), a
 gradient through it).
 
 KL to the reference with Schulman's estimators (http://joschu.net/blog/kl-approx.html), samples
-from the policy, x = ref_logp - logp: k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x. As a loss
-term it is added with ``kl_coef``; as a reward penalty (``kl_in_reward``) use
-:func:`kl_reward_penalty`, which sums it over each sequence. Entropy bonus: -entropy_coef * H.
+from the policy, x = ref_logp - logp: k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x (clamped to
+``K3_CLAMP`` as in verl's ``low_var_kl``, so one token with a huge ratio cannot dominate a step).
+All three are estimates of the *value* KL(pi || pi_ref). As a *loss* (added with ``kl_coef``)
+what matters is the gradient each one gives in expectation over tokens sampled from pi
+(differentiating through logp):
+
+- k1: E_pi[grad(-x)] = E_pi[grad logp] = 0. A no-op as a loss; config load refuses it.
+- k2: E_pi[(logp - ref_logp) grad logp] = grad KL(pi || pi_ref), the reverse KL it names.
+- k3: E_pi[(1 - pi_ref / pi) grad logp] = grad KL(pi_ref || pi), the forward KL.
+
+So k2 is the loss that follows the reverse KL the value names; k3 (the GRPO paper's choice)
+pulls towards the reference through the forward KL: it has the same minimum and the same
+first-order behaviour near pi = pi_ref, but it is a different gradient. As a reward penalty
+(``kl_in_reward``, the RL loop calls :func:`kl_reward_penalty` through
+``rl_step.kl_reward_penalties``) the estimator is evaluated on the sampling policy's log-probs
+and summed over each sequence; there k1 gives an unbiased estimate of the KL-regularised return
+(RLHF/PPO style), and the gradient flows through the policy-gradient term. Entropy bonus:
+-entropy_coef * H.
 
 Aggregation over tokens (``RLConfig.loss_agg``), with a normaliser the caller computes over the
 whole step (:func:`step_normalizer`), so that splitting a step into micro-batches and summing
 their losses gives the same loss and gradient as one big batch:
 ``token_mean`` sum of token terms / tokens in the step; ``seq_mean_token_sum`` sum of token terms
-/ sequences in the step (Dr.GRPO, with a fixed normaliser such as the max length passed in);
-``seq_mean_token_mean`` each sequence's token mean, summed / sequences in the step.
+/ sequences in the step; ``seq_mean_token_mean`` each sequence's token mean, summed / sequences in
+the step; ``seq_mean_token_sum_norm`` (Dr.GRPO as Liu et al. 2025 define it) sum of token terms /
+a constant, ``max_response_tokens * sequences per step`` as configured, the same every step
+whatever the responses' lengths or the filter kept (see ``rl_step.drgrpo_constant``).
 
 Every metric is aggregated the same way, so metrics also sum over micro-batches to the step's
 value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_frac``,
@@ -46,12 +63,24 @@ from torch import Tensor
 if TYPE_CHECKING:
     from megatron_rl.train.config import RLConfig
 
-LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+LossAgg = Literal[
+    "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+]
+LOSS_AGGS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+K3_CLAMP = 10.0  # upper bound of the per-token k3 estimate (nats), as verl's low_var_kl
 
 
-def step_normalizer(masks: list[Tensor], agg: LossAgg) -> float:
-    """The normaliser of a whole step from its micro-batches' masks ([B_i, T_i] each)."""
+def step_normalizer(masks: list[Tensor], agg: LossAgg, constant: float | None = None) -> float:
+    """The normaliser of a whole step from its micro-batches' masks ([B_i, T_i] each).
+
+    ``seq_mean_token_sum_norm`` needs ``constant`` (Dr.GRPO's fixed normaliser) and ignores the
+    masks.
+    """
+    if agg == "seq_mean_token_sum_norm":
+        if constant is None or constant <= 0:
+            raise ValueError("rl.loss_agg=seq_mean_token_sum_norm needs a constant > 0")
+        return float(constant)
     if agg == "token_mean":
         total = sum(float(m.sum()) for m in masks)
     else:
@@ -62,26 +91,27 @@ def step_normalizer(masks: list[Tensor], agg: LossAgg) -> float:
 def aggregate(values: Tensor, mask: Tensor, agg: LossAgg, normalizer: float) -> Tensor:
     """Reduce per-token ``values`` [B, T] over ``mask`` [B, T] to a scalar (see module doc)."""
     mask = mask.to(values.dtype)
-    if agg in ("token_mean", "seq_mean_token_sum"):
+    if agg in ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"):
         return (values * mask).sum() / normalizer
     if agg == "seq_mean_token_mean":
         per_seq = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
         return per_seq.sum() / normalizer
-    raise ValueError(
-        f"rl.loss_agg={agg!r} is not known; "
-        "choose one of ['token_mean', 'seq_mean_token_sum', 'seq_mean_token_mean']"
-    )
+    raise ValueError(f"rl.loss_agg={agg!r} is not known; choose one of {LOSS_AGGS}")
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi. [B, T] -> [B, T]."""
+    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi. [B, T] -> [B, T].
+
+    The gradient each gives as a loss differs (module docstring): k1 none in expectation, k2
+    that of KL(pi || pi_ref), k3 that of KL(pi_ref || pi); k3 is clamped to ``K3_CLAMP``.
+    """
     x = ref_logp - logp
     if estimator == "k1":
         return -x
     if estimator == "k2":
         return 0.5 * x * x
     if estimator == "k3":
-        return torch.expm1(x) - x
+        return (torch.expm1(x) - x).clamp(max=K3_CLAMP)
     raise ValueError(f"rl.kl_estimator={estimator!r} is not known; choose one of k1, k2, k3")
 
 
@@ -91,7 +121,9 @@ def kl_reward_penalty(
     """Per-sequence penalty coef * sum_t KL_t, to subtract from rewards. [B, T] x3 -> [B].
 
     Use the rollout-time log-probs (no grad). k1 makes the penalised return an unbiased
-    estimate of the KL-regularised objective; k3 is lower-variance but biased as a reward.
+    estimate of the KL-regularised objective; k2 and k3 are lower-variance but biased as a
+    reward. The RL loop calls this (via ``rl_step.kl_reward_penalties``) when
+    ``rl.kl_in_reward`` is set.
     """
     kl = kl_estimate(logp.detach(), ref_logp.detach(), estimator)
     return coef * (kl * mask.to(kl.dtype)).sum(dim=-1)

@@ -43,7 +43,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     ref = report.build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
     # the only engine and scheduler; trainer ranks wait on the control group (long timeout)
-    ctl = Controller(rt, engine_dir) if rt.is_main else None
+    ctl = Controller(rt, engine_dir, ref) if rt.is_main else None
     stop = report.PreemptionFlag()
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),
@@ -62,23 +62,27 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 5. train on packed sequences (every rank, its own share)
         with t("train"):
             if work.train:
-                ref_lp = report.reference_logprobs(ref, work.batches)
+                ref_lp = None  # with kl_in_reward the KL is in the rewards, not the loss
+                if not cfg.rl.kl_in_reward:
+                    ref_lp = report.reference_logprobs(ref, work.batches)
                 metrics.update(
                     train_step(rt.policy, cfg, work.batches, step, ref_lp, work.normalizer)
                 )
-        # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket
-        if (step + 1) % cfg.rollout.sync_every == 0:
+        # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket;
+        # also before an eval and after the last step, so evals score the current weights
+        last = step == cfg.train.steps - 1
+        if (step + 1) % cfg.rollout.sync_every == 0 or report.eval_due(cfg, step) or last:
             with t("sync"):
                 sd = rt.policy.hf_state_dict()
                 if ctl:
-                    metrics.update(ctl.sync(sd))
+                    metrics.update(ctl.sync(sd, step + 1))
         # 7. evaluate held-out tasks and log (controller), then checkpoint (every rank)
         if ctl:
             ctl.end_step(step, metrics, t)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
-        if step == cfg.train.steps - 1 or stopping or every:
+        if last or stopping or every:
             save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
         if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)

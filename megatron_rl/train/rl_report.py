@@ -52,6 +52,12 @@ def build_reference(rt: Runtime) -> Policy | None:
     return ref
 
 
+def eval_due(cfg: Any, step: int) -> bool:
+    """A periodic held-out eval follows this step (the final one is after the loop)."""
+    every = cfg.rl.eval_every
+    return bool(every) and (step + 1) % every == 0 and step + 1 < cfg.train.steps
+
+
 def reference_logprobs(ref: Policy | None, batches: list[PackedBatch]) -> list[torch.Tensor] | None:
     if ref is None:
         return None
@@ -76,6 +82,7 @@ def run_eval(
         cfg.seed,
         cfg.rollout.max_new_tokens,
         level=cfg.domains.level,
+        stop=cfg.rollout.stop,
     )
     metrics = res.metrics()
     for name, acc in res.accuracy.items():

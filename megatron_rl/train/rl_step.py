@@ -6,6 +6,10 @@ ratio is exactly 1 and its gradient is the policy gradient). The engine's log-pr
 truncated importance sampling (``rl.tis_cap``), which corrects the train/inference mismatch and,
 in off-policy mode, the staleness of samples made by an older policy. The mismatch itself
 (|logp_trainer - logp_engine| on sampled tokens) is measured in the same pass, so it is free.
+
+Every token carries the temperature its sample was drawn at (``extras["temp"]``): groups of
+different domains sample at different temperatures and share micro-batches, and the policy,
+entropy and reference are all scored per token at that temperature, as the engine sampled.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from typing import Any
 
 import torch
 
-from long_context.packing import PackedBatch
+from long_context.packing import PackedBatch, budget_bins, pack
+from megatron_rl.model.gpt import TEMPERATURE_KEY
 from megatron_rl.train.advantages import compute_advantages
 from megatron_rl.train.dist_batches import dp_reduce, pack_shares
-from megatron_rl.train.losses import rl_loss, step_normalizer
+from megatron_rl.train.losses import kl_reward_penalty, rl_loss, step_normalizer
 from megatron_rl.train.optim import lr_at
 from megatron_rl.train.rollout_phase import Group
 
@@ -34,38 +39,123 @@ def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values[idx.clamp(max=values.numel() - 1)], values.new_zeros(()))
 
 
-def build_batches(
-    groups: list[Group], kept: list[int], estimator: str, budget: int, dp: int = 1
-) -> tuple[list[list[PackedBatch]], dict[str, float]]:
-    """Per DP rank, packed micro-batches of its kept groups, with advantages and engine log-probs.
+def _rows(
+    groups: list[Group], kept: list[int], advantages: torch.Tensor | None
+) -> tuple[list[list[int]], list[list[float]], dict[str, list[list[float]]]]:
+    """Token ids, loss masks and per-token extras of every kept sample, in order.
 
-    Advantages are computed once over all kept groups; the groups are then split over ``dp``
-    ranks balanced by tokens (``dist_batches.pack_shares``: a group stays whole; ranks short of
-    micro-batches get zero-weight ones).
+    Extras: ``rollout_lp`` (engine log-probs, 0 on prompt/env tokens), ``temp`` (the temperature
+    the sample was drawn at, on every token: the trainer scores each token at it) and, when
+    ``advantages`` [len(kept), n] is given, ``adv`` (each sample's advantage on its response).
     """
-    seqs, masks, adv, rlp = [], [], [], []
-    rewards = torch.tensor(
-        [[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64
-    )
-    advantages = compute_advantages(rewards, estimator) if kept else rewards
+    seqs, masks = [], []
+    extras: dict[str, list[list[float]]] = {"rollout_lp": [], TEMPERATURE_KEY: []}
+    if advantages is not None:
+        extras["adv"] = []
     for gi, i in enumerate(kept):
+        temp = float(groups[i].spec.temperature)
         for si, s in enumerate(groups[i].samples):
             p = len(s.prompt_ids)
             seqs.append(s.prompt_ids + s.response_ids)
             masks.append([0.0] * p + s.response_mask)
-            adv.append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
-            rlp.append([0.0] * p + s.rollout_logprobs)
-    extras = {"adv": adv, "rollout_lp": rlp}
+            extras["rollout_lp"].append([0.0] * p + s.rollout_logprobs)
+            extras[TEMPERATURE_KEY].append([temp] * (p + len(s.response_ids)))
+            if advantages is not None:
+                extras["adv"].append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
+    return seqs, masks, extras
+
+
+def build_batches(
+    groups: list[Group],
+    kept: list[int],
+    estimator: str,
+    budget: int,
+    dp: int = 1,
+    reward_penalty: torch.Tensor | None = None,
+) -> tuple[list[list[PackedBatch]], dict[str, float]]:
+    """Per DP rank, packed micro-batches of its kept groups, with advantages and engine log-probs.
+
+    Advantages are computed once over all kept groups, from the rewards minus ``reward_penalty``
+    [len(kept), n] if given (the KL penalty of :func:`kl_reward_penalties`); the groups are then
+    split over ``dp`` ranks balanced by tokens (``dist_batches.pack_shares``: a group stays
+    whole; ranks short of micro-batches get zero-weight ones). Every token carries its sample's
+    sampling temperature (``extras["temp"]``), so the trainer's log-probs, entropy and reference
+    log-probs are those of the distribution the engine sampled from.
+    """
+    rewards = torch.tensor(
+        [[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64
+    )
+    if reward_penalty is not None and kept:
+        rewards = rewards - reward_penalty.to(rewards.dtype)
+    advantages = compute_advantages(rewards, estimator) if kept else rewards
+    seqs, masks, extras = _rows(groups, kept, advantages)
     sizes = [len(groups[i].samples) for i in kept]
     shares = pack_shares(seqs, masks, extras, sizes, dp, budget)
     stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
+    if reward_penalty is not None and kept:
+        stats["train/shaped_reward_mean"] = float(rewards.mean())  # after the KL penalty
     return shares, stats
 
 
-def global_normalizer(shares: list[list[PackedBatch]], agg: str) -> float:
-    """The step's loss normaliser over every DP share (tokens or sequences, by ``rl.loss_agg``)."""
+def kl_reward_penalties(
+    ref: Any, groups: list[Group], kept: list[int], rl: Any, budget: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL to the reference as a reward penalty (``rl.kl_in_reward``): [len(kept), n] and metrics.
+
+    Per sample: ``rl.kl_coef * sum_t KL_t`` over its policy tokens, with the estimator
+    ``rl.kl_estimator`` evaluated on the engine's log-probs (the policy that sampled) against the
+    reference's at the same temperature (no gradient: it is part of the reward). With ``k1``
+    the penalised return is an unbiased estimate of the KL-regularised objective. Runs on the
+    controller alone, so the reference must not be split over ranks (checked at start-up).
+    """
+    seqs, masks, extras = _rows(groups, kept, None)
+    batches = [
+        pack(
+            [seqs[i] for i in b],
+            [masks[i] for i in b],
+            seq_ids=b,
+            extras={k: [v[i] for i in b] for k, v in extras.items()},
+        )
+        for b in budget_bins([len(x) for x in seqs], budget)
+    ]
+    n = len(groups[kept[0]].samples)
+    flat = torch.zeros(len(seqs), dtype=torch.float64)
+    for b, (ref_lp, _) in zip(batches, ref.token_logprobs(batches), strict=True):
+        cu = b.cu_seqlens
+        pen = kl_reward_penalty(
+            to_padded(b.extras["rollout_lp"], cu),
+            to_padded(ref_lp.float(), cu),
+            to_padded(b.loss_mask, cu),
+            rl.kl_coef,
+            rl.kl_estimator,
+        )
+        flat[torch.tensor(b.seq_ids)] = pen.double()
+    stats = {
+        "train/kl_penalty_mean": float(flat.mean()),
+        "train/kl_penalty_max": float(flat.abs().max()),
+    }
+    return flat.view(len(kept), n), stats
+
+
+def global_normalizer(
+    shares: list[list[PackedBatch]], agg: str, constant: float | None = None
+) -> float:
+    """The step's loss normaliser over every DP share (tokens or sequences, by ``rl.loss_agg``;
+    Dr.GRPO's ``constant`` for ``seq_mean_token_sum_norm``, see :func:`drgrpo_constant`)."""
     masks = [to_padded(b.loss_mask, b.cu_seqlens) for s in shares for b in s]
-    return step_normalizer(masks, agg)  # type: ignore[arg-type]
+    return step_normalizer(masks, agg, constant)  # type: ignore[arg-type]
+
+
+def drgrpo_constant(cfg: Any) -> float:
+    """Dr.GRPO's fixed normaliser: max response tokens x sequences a step is configured for.
+
+    Liu et al. 2025 divide each sequence's token sum by a constant (the generation budget) and
+    average over the batch; with a fixed batch of ``prompts_per_step * group_size`` sequences
+    that is one constant for every step, whatever the filter kept or the samples' lengths.
+    """
+    rl = cfg.rl
+    tokens = rl.max_response_tokens or cfg.rollout.max_new_tokens
+    return float(tokens * rl.prompts_per_step * rl.group_size)
 
 
 def train_step(
@@ -88,7 +178,7 @@ def train_step(
     dp = policy.dist.dp
     norm = normalizer
     if norm is None:
-        norm = global_normalizer([batches], rl.loss_agg)
+        norm = global_normalizer([batches], rl.loss_agg, drgrpo_constant(cfg))
     for b, ref in zip(batches, ref_logprobs or [], strict=False):
         b.extras["ref_lp"] = ref.detach().float()  # travels with the batch to the last stage
 

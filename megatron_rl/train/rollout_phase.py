@@ -49,14 +49,32 @@ class Group:
     task: Task
     samples: list[Sample] = field(default_factory=list)
 
-    def result(self) -> GroupResult:
+    def result(self, advantage: str = "grpo") -> GroupResult:
+        """What the scheduler sees of this group (``advantage``: the loop's estimator).
+
+        ``entropy`` is the mean of -log p over the group's policy tokens, with the engine's
+        log-probs at the sampling temperature: a Monte-Carlo estimate of the per-token entropy
+        of the distribution sampled from (what ``temperature_adapt: entropy`` steers).
+        """
+        rewards = [s.reward for s in self.samples]
         return GroupResult(
             domain=self.spec.domain,
             level=self.spec.level,
-            rewards=[s.reward for s in self.samples],
+            rewards=rewards,
             response_lens=[len(s.response_ids) for s in self.samples],
             truncated=[s.finish_reason == "length" for s in self.samples],
+            entropy=self.entropy(),
+            no_signal=all(r == 0 for r in rewards) if advantage == "passthrough" else None,
         )
+
+    def entropy(self) -> float | None:
+        """Mean -log p of the sampled policy tokens (nats/token); None without any."""
+        total, count = 0.0, 0.0
+        for s in self.samples:
+            for lp, m in zip(s.rollout_logprobs, s.response_mask, strict=False):
+                total -= lp * m
+                count += m
+        return total / count if count else None
 
 
 def make_tasks(
@@ -194,12 +212,13 @@ class RolloutProducer:
         sched: Any,
         cursor: dict[str, int],
         cfg: Any,
+        version: int = 0,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.engine, self.tokenizer, self.domains = engine, tokenizer, domains
         self.sched, self.cursor, self.cfg = sched, cursor, cfg
-        self.version = 0  # optimizer steps the engine's weights have seen (relative)
+        self.version = version  # optimizer steps in the engine's weights (resume: start step)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self._next: Any = None  # (step, future) of the prefetched step
         workers = cfg.domains.verify_workers
@@ -230,13 +249,17 @@ class RolloutProducer:
         return groups, {"generate": t1 - t0, "score": time.time() - t1, "version": version}
 
     def get(self, step: int) -> tuple[list[Group], dict[str, float]]:
-        """The scored groups of ``step`` and their timings (seconds) and staleness."""
+        """The scored groups of ``step`` and their timings (seconds) and staleness.
+
+        Staleness: optimizer steps the trainer has taken (``step``) minus those in the weights
+        the engine sampled with; 0 on-policy with a sync every step.
+        """
         if self._next is not None and self._next[0] == step:
             groups, timing = self._next[1].result()
             self._next = None
         else:
             groups, timing = self._collect(*self._plan(step), self.version)
-        timing["staleness"] = self.version - timing.pop("version")
+        timing["staleness"] = step - timing.pop("version")
         if self.cfg.rl.off_policy and step + 1 < self.cfg.train.steps:
             specs, tasks = self._plan(step + 1)
             self._next = (step + 1, self._pool.submit(self._collect, specs, tasks, self.version))
@@ -247,9 +270,9 @@ class RolloutProducer:
         if self._next is not None:
             self._next[1].result()
 
-    def synced(self) -> None:
-        """The engine now holds the trainer's latest weights."""
-        self.version += 1
+    def synced(self, optimizer_steps: int) -> None:
+        """The engine now holds the trainer's weights after ``optimizer_steps`` steps."""
+        self.version = optimizer_steps
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

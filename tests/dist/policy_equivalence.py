@@ -8,9 +8,10 @@ which must equal a single process), ``tp2`` and ``pp2``. Results go to ``DIR/<la
 
 Every layout starts from the same weights: a seeded random HF-layout state dict (the TP=1
 reference weights), loaded through ``Policy.load_hf_state_dict`` so each rank takes its own
-Megatron shard. Then: full-vocab logits, token log-probs and entropies of two packed batches,
-one ``forward_backward`` + ``optimizer_step``, logits again and the gathered HF state dict (also
-streamed in small buckets).
+Megatron shard. Then: full-vocab logits, token log-probs and entropies of two packed batches
+(the second carries per-token temperatures, ``extras["temp"]``, so the [T] temperature path of
+``vocab_parallel_logprobs`` is compared under the TP vocab split too), one ``forward_backward`` +
+``optimizer_step``, logits again and the gathered HF state dict (also streamed in small buckets).
 ``tests/test_parallel_equivalence.py`` compares the files of different layouts.
 """
 
@@ -60,7 +61,10 @@ def batches() -> list[PackedBatch]:
         seqs = [torch.randint(0, CFG.vocab_size, (n,), generator=g).tolist() for n in lens]
         masks = [[float(i >= n // 2) for i in range(n)] for n in lens]
         advs = [[float(torch.randn((), generator=g))] * n for n in lens]
-        out.append(pack(seqs, masks, extras={"adv": advs}))
+        extras = {"adv": advs}
+        if len(lens) == 2:  # per-token sampling temperatures (one per sequence), as RL packs them
+            extras["temp"] = [[t] * n for t, n in zip((1.4, 0.6), lens, strict=True)]
+        out.append(pack(seqs, masks, extras=extras))
     return out
 
 

@@ -178,6 +178,10 @@ def test_k1_as_a_loss_is_refused_but_allowed_as_a_reward_penalty() -> None:
         (["rollout.top_p=0.9"], r"rollout\.top_p=0\.9"),
         (["rollout.sync_every=3"], r"rl\.max_staleness=1: with rollout\.sync_every=3"),
         (["rl.off_policy=true", "rollout.sync_every=2"], r"up to 2 optimizer steps"),
+        (
+            ["rl.kl_coef=0.1", "rl.kl_in_reward=true", "parallel.tp=2"],
+            r"rl\.kl_in_reward=true .* parallel\.tp=pp=cp=1",
+        ),
     ],
 )
 def test_options_the_trainer_cannot_honour_are_refused(overrides: list[str], needle: str) -> None:

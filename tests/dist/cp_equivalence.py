@@ -58,7 +58,8 @@ def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 def batches(seed: int = 1) -> list[PackedBatch]:
-    """Packed RL micro-batches: responses in the second half, advantages, engine log-probs."""
+    """Packed RL micro-batches: responses in the second half, advantages, engine log-probs and
+    per-token temperatures."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for lens in LENGTHS:
@@ -66,7 +67,11 @@ def batches(seed: int = 1) -> list[PackedBatch]:
         masks = [[float(i >= n // 2) for i in range(n)] for n in lens]
         advs = [[float(torch.randn((), generator=g))] * n for n in lens]
         rlps = [(-2.0 - torch.rand(n, generator=g)).tolist() for n in lens]
-        out.append(pack(seqs, masks, extras={"adv": advs, "rollout_lp": rlps}))
+        # per-token sampling temperatures, one per sequence as RL packs them (issue 14): the CP
+        # shards must score each label at its own sequence's temperature
+        temps = [[(0.6, 1.4)[k % 2]] * n for k, n in enumerate(lens)]
+        extras = {"adv": advs, "rollout_lp": rlps, "temp": temps}
+        out.append(pack(seqs, masks, extras=extras))
     return out
 
 

@@ -6,8 +6,9 @@ optionally tied input/output embeddings. Dropout is 0 (RL and SFT on small data 
 it keeps the trainer's log-probs deterministic so they can match the rollout engine's).
 
 Layer spec: Transformer Engine's when it imports (GPU clusters), megatron-core's local spec
-otherwise (CPU). With the local spec, attention takes an explicit boolean mask (True = masked),
-which the policy builds block-diagonal for packed sequences.
+otherwise (CPU), whose core attention is swapped for ``attention.VarlenDotProductAttention``: packed
+rows go in the THD layout with ``PackedSeqParams`` on both paths (no ``[T, T]`` mask); unpacked
+``[B, S]`` batches still take an explicit boolean mask (True = masked).
 
 Helpers for the model's inputs and outputs live here too: the block-diagonal causal mask of a
 packed row, and log-probs / entropy computed from vocab-parallel logits with TP all-reduces.
@@ -88,8 +89,10 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
 def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
     """Transformer-layer spec: TE on GPU when available, megatron-core local otherwise.
 
-    With ``cp > 1`` and the local spec, the core attention is the CPU context-parallel one
-    (``long_context/cp_attention.py``), which takes the same THD layout as TE's CP attention.
+    The local spec's core attention takes TE's THD ``PackedSeqParams`` interface: with ``cp > 1``
+    the CPU context-parallel one (``long_context/cp_attention.py``), else
+    :class:`~megatron_rl.model.attention.VarlenDotProductAttention` (per-sequence causal SDPA for
+    packed rows; the dense masked path for unpacked ``[B, S]`` batches).
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -100,6 +103,10 @@ def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
         from long_context.cp_attention import CPDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = CPDotProductAttention
+    else:
+        from megatron_rl.model.attention import VarlenDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = VarlenDotProductAttention
     return spec
 
 
@@ -137,7 +144,23 @@ def build_gpt_model(
 
 
 # ----------------------------------------------------------------------------------------------
-# model inputs (packed attention mask) and outputs (log-probs from vocab-parallel logits)
+# model inputs (THD packed-sequence params, the dense packed mask) and outputs (log-probs)
+
+
+def thd_params(cu_seqlens: Tensor) -> Any:
+    """Megatron ``PackedSeqParams`` (THD layout) of one packed row: what TE's attention and our
+    local ``VarlenDotProductAttention`` take instead of a mask; RoPE restarts in every sequence."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = cu_seqlens.int()
+    longest = int((cu[1:] - cu[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
 
 
 def block_causal_mask(cu_seqlens: Tensor, total: int) -> Tensor:

@@ -3,11 +3,11 @@
 Everything that trains or scores goes through :class:`Policy`: SFT, the RL log-prob pass (current
 and reference model), the RL training pass, evaluation, checkpointing and weight sync.
 
-Packed sequences (``long_context.packing.PackedBatch``): one row of ``T`` tokens. On CPU (local
-layer spec) attention gets a block-diagonal causal mask built from ``cu_seqlens``; Megatron's RoPE
-uses positions ``0..T-1`` of the row, and because RoPE is relative the offset of a sequence inside
-the row cancels in its attention scores (tested against running each sequence alone). On GPU with
-Transformer Engine the same batch runs in the THD layout (``PackedSeqParams``), without a mask.
+Packed sequences (``long_context.packing.PackedBatch``): one row of ``T`` tokens, run in the THD
+layout with Megatron's ``PackedSeqParams`` (``cu_seqlens``) and no mask, on GPU by Transformer
+Engine's attention and on CPU by ``attention.VarlenDotProductAttention`` (per-sequence causal
+attention: cost sum_i s_i², not T²). RoPE positions restart at 0 in every sequence (megatron-core's
+THD RoPE); tested against running each sequence alone and against the dense block-diagonal mask.
 
 Context parallelism (``parallel.cp > 1``): each micro-batch is split per CP rank in Megatron/TE's
 load-balanced THD layout (``long_context/cp_te.py``: every sequence padded to a multiple of
@@ -54,9 +54,9 @@ from megatron_rl.model.config import ModelConfig, OptimizerConfig, ParallelConfi
 from megatron_rl.model.gpt import (
     TEMPERATURE_KEY,
     align_to_tokens,
-    block_causal_mask,
     build_gpt_model,
     prediction_temperatures,
+    thd_params,
     use_te_spec,
     vocab_parallel_logprobs,
 )
@@ -133,22 +133,8 @@ class Policy:
         return model(tokens, pos, mask, packed_seq_params=packed)
 
     def _packed_inputs(self, batch: PackedBatch) -> tuple[Tensor, Tensor | None, Any]:
-        """tokens [1, T], mask [1, 1, T, T] or None, PackedSeqParams or None."""
-        tokens = batch.tokens[None]
-        if self.spec == "te":
-            from megatron.core.packed_seq_params import PackedSeqParams
-
-            cu = batch.cu_seqlens.int()
-            longest = int((cu[1:] - cu[:-1]).max())
-            params = PackedSeqParams(
-                qkv_format="thd",
-                cu_seqlens_q=cu,
-                cu_seqlens_kv=cu,
-                max_seqlen_q=longest,
-                max_seqlen_kv=longest,
-            )
-            return tokens, None, params
-        return tokens, block_causal_mask(batch.cu_seqlens, batch.num_tokens), None
+        """tokens [1, T], no mask, THD PackedSeqParams (TE on GPU, varlen attention on CPU)."""
+        return batch.tokens[None], None, thd_params(batch.cu_seqlens)
 
     def _run_schedule(
         self,

@@ -1,23 +1,24 @@
 """End-to-end GRPO: megatron-rl against TRL's ``GRPOTrainer`` on the same machine, same work.
 
-Both tools start from the same HF-layout policy (``models/tiny-base`` when it exists, else a
-random ``3m`` Qwen2 from ``tiny_model``: then both score ~0 and only the speed figures mean
-anything; the output says which one was used). Both train on the same prompts in the same order:
-the ``tiny/*`` tasks that megatron-rl's uniform scheduler plans for each step, rendered by the
-same chat template (TRL applies the tokenizer's template to conversational prompts, as
-``render_chat`` does), with a reward function that calls the same verifier and
-``compose_reward``. Same group size, prompts per step, response length, steps, learning rate,
+Two sizes: ``tiny`` (the demo's policy, ``models/tiny-base``) and ``m20`` (a random ~20M Qwen2:
+compute rather than overhead dominates; accuracy is ~0 there and not the point). For each, both
+tools start from the same HF checkpoint and train on the same prompts in the same order (the tasks
+megatron-rl's scheduler plans for each step from ``configs/demo_cpu.yaml``'s domains), rendered by
+the same chat template, rewarded by the same verifier and ``compose_reward``. Same group size,
+prompts per step, response cap, steps, cosine LR schedule (lr -> min_lr, checked step by step),
 Adam betas, grad clip, clip range (0.2 / 0.28), token-mean loss (TRL ``loss_type="dapo"``),
-group-std advantages and no KL. TRL runs as its docs recommend on a CPU: ``use_cpu=True``, fp32,
-no vLLM, ``transformers`` generation; one generation batch per optimizer step (on-policy).
+group-std advantages, no KL, fp32, the same torch thread count. megatron-rl runs as the demo
+config sets it up (packed micro-batches, in-process HF engine); TRL as its docs recommend on a CPU
+(see ``trl_grpo.py``: gradient checkpointing off, ``transformers`` generation).
 
-Deviations, stated: megatron-rl also syncs weights to its engine every step (TRL generates with
-the training model, nothing to sync) and applies its truncated-IS correction; the zero-variance
-filter is off so both train on every group. Each tool runs in its own subprocess with the same
-torch thread count. Held-out accuracy: the same greedy ``evaluate`` call on the same eval tasks
-(megatron-rl's own end-of-run sweep; for TRL, the HF engine on TRL's final weights).
+Step time: the mean interval between consecutive step ends (megatron-rl's ``time/step_s``, TRL's
+``on_step_end``), the first step left out as warm-up; both include generation, scoring, training
+and the previous step's logging. The per-phase split of each tool is printed side by side.
+Held-out accuracy: the same greedy ``evaluate`` call with the same domains, tasks and settings
+(megatron-rl's end-of-run sweep; for TRL, the HF engine on its final weights), compared on the
+domains both report. Differences that cannot be removed are printed under the table.
 
-    .venv/bin/python benchmarks/rl_vs_trl.py --steps 10 --json out.json
+    .venv/bin/python benchmarks/rl_vs_trl.py [--sizes tiny,m20] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,26 +33,44 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-BASE_MODEL = ROOT / "models" / "tiny-base"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
+SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts per step, eval tasks
+    "tiny": {"model": "models/tiny-base", "steps": 10, "prompts": 8, "eval_n": 32},
+    "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8},
+}
+DIFFERENCES = [
+    "megatron-rl syncs weights to its rollout engine every step (phase sync); TRL generates "
+    "with the model it trains, so it has nothing to sync",
+    "each tool samples its own completions (own RNG): same prompts, different rollouts",
+    "TRL pads each step's batch to its longest prompt and completion (see padded tokens); "
+    "megatron-rl packs sequences without padding",
+    "megatron-rl applies truncated importance sampling against its engine's log-probs (weight "
+    "~1 here: same weights, same numerics); TRL has no separate engine",
+]
 
 
-def overrides(a: argparse.Namespace, model: Path, out: Path) -> list[str]:
-    """Config overrides shared by the megatron-rl run and the TRL prompt plan."""
+def overrides(spec: dict[str, Any]) -> list[str]:
+    """Overrides of configs/demo_cpu.yaml for the megatron-rl run (and its task plan)."""
     return [
-        f"output_dir={out}",
+        f"output_dir={spec['out']}",
         "run_name=mrl",
-        f"seed={a.seed}",
-        f"model.hf_path={model}",
-        f"train.steps={a.steps}",
-        f"train.lr={a.lr}",
-        f"train.threads={a.threads}",
-        f"rl.prompts_per_step={a.prompts}",
-        f"rl.group_size={a.group}",
+        f"seed={spec['seed']}",
+        f"model.hf_path={spec['model']}",
+        f"train.steps={spec['steps']}",
+        f"train.lr={spec['lr']}",
+        f"train.min_lr={spec['min_lr']}",
+        "train.lr_schedule=cosine",
+        "train.warmup_steps=0",
+        f"train.threads={spec['threads']}",
+        f"rl.prompts_per_step={spec['prompts']}",
+        f"rl.group_size={spec['group']}",
         "rl.kl_coef=0.0",
         "rl.eval_every=0",
-        f"rl.eval_samples_per_domain={a.eval_n}",
-        f"rollout.max_new_tokens={a.max_tokens}",
+        f"rl.eval_samples_per_domain={spec['eval_n']}",
+        f"rollout.max_new_tokens={spec['max_tokens']}",
         "rollout.engine=hf",
         "scheduler.policy=uniform",
         "scheduler.filter_zero_variance=false",
@@ -61,286 +80,185 @@ def overrides(a: argparse.Namespace, model: Path, out: Path) -> list[str]:
     ]
 
 
-def run_megatron(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
-    """``megatron-rl train`` as a user runs it; numbers come from metrics.jsonl/summary.json."""
-    cli = [str(Path(sys.executable).parent / "megatron-rl"), "train"]
-    cmd = [*cli, str(ROOT / "configs/demo_cpu.yaml"), *overrides(a, model, out)]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, timeout=a.timeout)
-    wall = time.perf_counter() - t0
-    run = out / "mrl"
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/step_s" in r]
-    summary = json.loads((run / "summary.json").read_text())
-    step_s = [r["time/step_s"] for r in rows]
-    gen = [r["rollout/response_len_mean"] * r["rollout/samples"] for r in rows]
-    gen_s = [r.get("time/generate_s", 0.0) for r in rows]
-    train_s = [r.get("time/train_s", 0.0) for r in rows]
-    trained = [r.get("perf/trained_tokens_per_s", 0.0) * r.get("time/train_s", 0.0) for r in rows]
-    return {
-        "steps": len(rows),
-        "step_s": sum(step_s) / len(step_s),
-        "generated_tokens_per_s": sum(gen) / max(sum(gen_s), 1e-9),
-        "trained_tokens_per_s": sum(trained) / max(sum(train_s), 1e-9),
-        "generated_tokens_per_step_s": sum(gen) / sum(step_s),
-        "accuracy": summary["mean_after"],
-        "accuracy_before": summary["mean_before"],
-        "process_wall_s": wall,
-    }
-
-
-def plan_tasks(a: argparse.Namespace, model: Path, out: Path) -> list[dict[str, Any]]:
-    """The tasks megatron-rl trains on, step by step (same scheduler, seed and cursor)."""
+def run_config(spec: dict[str, Any]) -> Any:
     from megatron_rl.config import load_config
-    from megatron_rl.domains import load_domains
+
+    return load_config(CONFIG, overrides(spec))
+
+
+def plan_tasks(spec: dict[str, Any], cfg: Any, domains: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tasks megatron-rl trains on, step by step (same scheduler, seed and cursor)."""
     from megatron_rl.scheduler import DomainInfo, DomainScheduler
     from megatron_rl.train.rollout_phase import make_tasks
 
-    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(a, model, out))
-    domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
     infos = [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in domains.values()]
     sched = DomainScheduler(cfg.scheduler, infos, cfg.seed)
     cursor: dict[str, int] = {}
     tasks = []
-    for step in range(a.steps):
-        specs = sched.plan(step, a.prompts)
+    for step in range(spec["steps"]):
+        specs = sched.plan(step, spec["prompts"])
         tasks += [t.to_dict() for t in make_tasks(specs, domains, cursor, cfg.seed)]
     return tasks
 
 
-def run_trl_child(a: argparse.Namespace) -> None:
-    """In a subprocess: plan the tasks, train with GRPOTrainer, evaluate; print one JSON line."""
-    import torch
-
-    torch.set_num_threads(a.threads)
-    model, out = Path(a.model), Path(a.out)
-    result = train_and_eval(a, model, out, plan_tasks(a, model, out))
-    print("RESULT " + json.dumps(result), flush=True)
-
-
-class _Timing:
-    """TrainerCallback recording the wall time at the end of every optimizer step."""
-
-    def __init__(self) -> None:
-        self.start = 0.0
-        self.ends: list[float] = []
-
-    def callback(self) -> Any:
-        from transformers import TrainerCallback
-
-        timing = self
-
-        class CB(TrainerCallback):
-            def on_train_begin(self, *args: Any, **kw: Any) -> None:
-                timing.start = time.perf_counter()
-
-            def on_step_end(self, *args: Any, **kw: Any) -> None:
-                timing.ends.append(time.perf_counter())
-
-        return CB()
-
-
-def trl_config(a: argparse.Namespace, out: Path) -> Any:
-    """GRPOConfig matching megatron-rl's settings (one generation batch per optimizer step)."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=str(out),
-        use_cpu=True,
-        bf16=False,
-        seed=a.seed,
-        max_steps=a.steps,
-        learning_rate=a.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.95,
-        adam_epsilon=1e-8,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=a.prompts * a.group,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=a.group,
-        num_iterations=1,
-        max_completion_length=a.max_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        dataloader_num_workers=0,
-    )
-
-
-def make_reward(domains: dict[str, Any]) -> Any:
-    """TRL reward function: the domain's verifier and compose_reward, as megatron-rl scores."""
-    from megatron_rl.domains import Task
-    from megatron_rl.domains.reward import compose_reward
-    from megatron_rl.train.evaluate import safe_verify
-
-    def reward(completions: list[Any], task: list[str], **_: Any) -> list[float]:
-        out = []
-        for comp, tj in zip(completions, task, strict=True):
-            t = Task.from_dict(json.loads(tj))
-            text = comp[0]["content"] if isinstance(comp, list) else str(comp)
-            verdict = safe_verify(domains[t.domain], t, text)
-            weights = domains[t.domain].reward_weights
-            out.append(0.0 if verdict is None else compose_reward(verdict, text, weights)[0])
-        return out
-
-    return reward
-
-
-def train_and_eval(
-    a: argparse.Namespace, model_dir: Path, out: Path, tasks: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """GRPOTrainer on ``tasks`` in order, then greedy held-out eval of its final weights."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
-
-    from megatron_rl.domains import load_domains
-
-    domains = load_domains(["tiny/*"], [], [])
-    rows = [
-        {"prompt": [{"role": "user", "content": t["prompt"]}], "task": json.dumps(t)} for t in tasks
+def run_megatron(spec: dict[str, Any]) -> dict[str, Any]:
+    """``megatron-rl train`` as a user runs it; numbers come from metrics.jsonl/summary.json."""
+    cli = [str(Path(sys.executable).parent / "megatron-rl"), "train", str(CONFIG)]
+    subprocess.run([*cli, *overrides(spec)], check=True, cwd=ROOT, timeout=spec["timeout"])
+    run = Path(spec["out"]) / "mrl"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step_s" in r]
+    summary = json.loads((run / "summary.json").read_text())
+    steps = [
+        {p: r.get(f"time/{p}_s", 0.0) for p in PHASES} | {"step": r["time/step_s"]} for r in rows
     ]
-    gen_s: list[float] = []
-
-    class TimedGRPO(GRPOTrainer):  # type: ignore[misc]
-        """Measures generation time only; the training path is TRL's own."""
-
-        def _generate(self, prompts: list[Any]) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return super()._generate(prompts)
-            finally:
-                gen_s.append(time.perf_counter() - t0)
-
-    timing = _Timing()
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    trainer = TimedGRPO(
-        model=model,
-        reward_funcs=make_reward(domains),
-        args=trl_config(a, out),
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tok,
-        callbacks=[timing.callback()],
-    )
-    trainer.train()
-    logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    total_s = timing.ends[-1] - timing.start
-    gen_tokens = sum(h["completions/mean_length"] for h in logs) * a.prompts * a.group
-    trained_tokens = trainer.state.num_input_tokens_seen
-    trainer.save_model(str(out / "final"))
-    tok.save_pretrained(str(out / "final"))
+    tokens = sum(r["perf/trained_tokens_per_s"] * r["perf/train_s"] for r in rows)
     return {
-        "steps": len(timing.ends),
-        "step_s": total_s / len(timing.ends),
-        "generated_tokens_per_s": gen_tokens / max(sum(gen_s), 1e-9),
-        # prompt + completion tokens over the step time outside generation
-        "trained_tokens_per_s": trained_tokens / max(total_s - sum(gen_s), 1e-9),
-        "generated_tokens_per_step_s": gen_tokens / total_s,
-        "accuracy": held_out_accuracy(a, out / "final", domains),
+        "steps": steps,
+        "lrs": [r["train/lr"] for r in rows],
+        "tokens": {"real": tokens, "padded": tokens},
+        "completion_len": [r["rollout/response_len_mean"] for r in rows],
+        "accuracy": summary["eval_after"],
+        "accuracy_before": summary["eval_before"],
     }
 
 
-def held_out_accuracy(a: argparse.Namespace, model_dir: Path, domains: dict[str, Any]) -> float:
-    """Mean greedy accuracy on the eval tasks megatron-rl's end-of-run sweep uses."""
-    from megatron_rl.model.tokenizer import load_tokenizer
-    from megatron_rl.rollout.base import build_engine
-    from megatron_rl.rollout.config import RolloutConfig
-    from megatron_rl.train.evaluate import evaluate
-
-    engine = build_engine(RolloutConfig(engine="hf"), str(model_dir), a.seed)
-    tok = load_tokenizer(model_dir)
-    try:
-        return evaluate(engine, tok, domains, a.eval_n, a.seed, a.max_tokens, level=0).mean
-    finally:
-        engine.shutdown()
-
-
-def run_trl(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child-trl", "--model", str(model), "--out", str(out)]
-    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in shared_args(a).items()]
-    t0 = time.perf_counter()
+def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    """trl_grpo.py in its own process (same thread count); its RESULT line."""
+    path = Path(spec["out"]).parent / "trl_spec.json"
+    path.write_text(json.dumps(spec))
+    cmd = [sys.executable, str(HERE / "trl_grpo.py"), str(path)]
     proc = subprocess.run(
-        cmd, cwd=ROOT, timeout=a.timeout, stdout=subprocess.PIPE, text=True, check=True
+        cmd, cwd=ROOT, timeout=spec["timeout"], stdout=subprocess.PIPE, text=True, check=True
     )
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return dict(json.loads(line[len("RESULT ") :]), process_wall_s=time.perf_counter() - t0)
+    return dict(json.loads(line[len("RESULT ") :]))
 
 
-def shared_args(a: argparse.Namespace) -> dict[str, Any]:
-    keys = ("steps", "prompts", "group", "max_tokens", "lr", "threads", "eval_n", "seed")
-    return {k: getattr(a, k) for k in keys}
+def summarize(run: dict[str, Any], shared: list[str]) -> dict[str, Any]:
+    """Mean step time and phases (first step left out), tokens/s, accuracy on ``shared``."""
+    steps = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]
+    n = len(steps)
+    phases = {p: sum(s.get(p, 0.0) for s in steps) / n for p in PHASES}
+    step_s = sum(s["step"] for s in steps) / n
+    step_cpu_s = sum(s.get("step_cpu", 0.0) for s in steps) / n
+    per_step_tokens = run["tokens"]["real"] / len(run["steps"])
+    return {
+        "step_s": step_s,
+        "step_cpu_s": step_cpu_s,
+        "phases": phases,
+        "trained_tokens_per_s": per_step_tokens / max(phases["train"], 1e-9),
+        "tokens_per_step_s": per_step_tokens / step_s,
+        "padded_token_frac": 1 - run["tokens"]["real"] / max(run["tokens"]["padded"], 1e-9),
+        "accuracy": sum(run["accuracy"][d] for d in shared) / max(len(shared), 1),
+        "accuracy_per_domain": {d: run["accuracy"][d] for d in shared},
+    }
 
 
-def pick_model(tmp: Path) -> tuple[Path, str]:
-    if (BASE_MODEL / "config.json").is_file():
-        return BASE_MODEL, "models/tiny-base"
-    from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+def compare(mrl: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
+    shared = sorted(set(mrl["accuracy"]) & set(trl["accuracy"]))
+    m, t = summarize(mrl, shared), summarize(trl, shared)
+    lr_diff = max(
+        (abs(a - b) / b for a, b in zip(mrl["lrs"], trl["lrs"], strict=False)), default=0.0
+    )
+    both = lambda key: {"megatron_rl": m[key], "trl": t[key]}  # noqa: E731
+    keys = ("step_s", "step_cpu_s", "trained_tokens_per_s", "tokens_per_step_s")
+    return {
+        "step_time_ratio": m["step_s"] / t["step_s"],
+        "step_cpu_ratio": m["step_cpu_s"] / t["step_cpu_s"] if t["step_cpu_s"] else float("nan"),
+        "speedup": t["step_s"] / m["step_s"],
+        **{k: both(k) for k in keys},
+        "phases": {p: {"megatron_rl": m["phases"][p], "trl": t["phases"][p]} for p in PHASES},
+        "padded_token_frac": both("padded_token_frac"),
+        "accuracy": both("accuracy"),
+        "accuracy_per_domain": both("accuracy_per_domain"),
+        "accuracy_before": sum(mrl["accuracy_before"][d] for d in shared) / max(len(shared), 1),
+        "shared_domains": shared,
+        "lr_max_rel_diff": lr_diff,
+        "steps": {"megatron_rl": len(mrl["steps"]), "trl": len(trl["steps"])},
+    }
 
-    return make_tiny_qwen2(tmp / "model", "3m", seed=0, init_std=0.02), "random 3m (no tiny-base)"
+
+def make_model(name: str, tmp: Path) -> tuple[Path, str]:
+    """The size's starting checkpoint: a shipped one, or ``random:<size>`` written to ``tmp``."""
+    if not name.startswith("random:"):
+        return ROOT / name, name
+    from megatron_rl.rollout.tiny_model import count_parameters, make_tiny_qwen2
+
+    size = name.split(":", 1)[1]
+    path = make_tiny_qwen2(tmp / f"model_{size}", size, seed=0, init_std=0.02)
+    return path, f"random {size} Qwen2 ({count_parameters(path) / 1e6:.1f}M parameters)"
+
+
+def run_size(size: str, a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    base = SIZES[size]
+    model, label = make_model(base["model"], tmp)
+    spec = {k: getattr(a, k) for k in ("group", "max_tokens", "lr", "min_lr", "threads", "seed")}
+    spec.update(model=str(model), timeout=a.timeout, level=0)
+    spec.update({k: base[k] for k in ("steps", "prompts", "eval_n")})
+    spec.update({k: getattr(a, k) for k in ("steps", "prompts", "eval_n") if getattr(a, k)})
+    load0 = os.getloadavg()[0]
+    mrl = run_megatron(dict(spec, out=str(tmp / size / "mrl")))
+    trl = run_trl(dict(spec, out=str(tmp / size / "trl")))
+    res = compare(mrl, trl)
+    res["setup"] = dict(spec, model=label, load_avg_1m=load0, load_avg_1m_end=os.getloadavg()[0])
+    res["raw"] = {"megatron_rl": mrl, "trl": trl}
+    return res
+
+
+def print_size(size: str, res: dict[str, Any]) -> None:
+    s = res["setup"]
+    print(
+        f"\n[{size}] GRPO {s['steps']} steps x {s['prompts']} prompts x n={s['group']} x <= "
+        f"{s['max_tokens']} tokens, {s['model']}, threads={s['threads']}, "
+        f"load avg {s['load_avg_1m']:.1f} -> {s['load_avg_1m_end']:.1f}"
+    )
+    print(f"{'seconds per step':<26}{'megatron-rl':>12}{'TRL':>12}")
+    for p in PHASES:
+        m, t = res["phases"][p]["megatron_rl"], res["phases"][p]["trl"]
+        print(f"  {p:<24}{m:>12.3f}{t:>12.3f}")
+    for key in ("step_s", "step_cpu_s", "trained_tokens_per_s", "tokens_per_step_s"):
+        m, t = res[key]["megatron_rl"], res[key]["trl"]
+        print(f"{key:<26}{m:>12.3f}{t:>12.3f}")
+    pad = res["padded_token_frac"]["trl"]
+    print(f"{'padded token share':<26}{0.0:>12.3f}{pad:>12.3f}")
+    acc = res["accuracy"]
+    domains = ", ".join(res["shared_domains"])
+    print(f"{'held-out accuracy':<26}{acc['megatron_rl']:>12.3f}{acc['trl']:>12.3f}"
+          f"   (before {res['accuracy_before']:.3f}; domains {domains})")  # fmt: skip
+    print(f"step time ratio megatron-rl / TRL = {res['step_time_ratio']:.3f} "
+          f"(CPU seconds per step: {res['step_cpu_ratio']:.3f}); "
+          f"LR schedules differ by at most {res['lr_max_rel_diff']:.1e} (relative)")  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps of each tool")
-    p.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
+    p.add_argument("--sizes", default="tiny,m20", help=f"comma list of {sorted(SIZES)}")
+    p.add_argument("--steps", type=int, default=0, help="optimizer steps (0: the size's default)")
+    p.add_argument("--prompts", type=int, default=0, help="prompts per step (0: the size's)")
+    p.add_argument("--eval-n", type=int, default=0, help="eval tasks per domain (0: the size's)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=24, help="response length cap, tokens")
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each tool")
-    p.add_argument("--eval-n", type=int, default=32, help="held-out tasks per domain")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak LR (the demo's)")
+    p.add_argument("--min-lr", type=float, default=2e-5, help="cosine floor (the demo's)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each tool")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=900, help="seconds per tool")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per tool and size")
     p.add_argument("--json", default=None, help="write the numbers here")
-    p.add_argument("--child-trl", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--model", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child_trl:
-        return run_trl_child(a)
-    load0 = os.getloadavg()[0]
+    sizes = [s for s in a.sizes.split(",") if s]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad:
+        raise SystemExit(f"--sizes: unknown size {bad[0]!r}; choose from {sorted(SIZES)}")
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model, model_name = pick_model(Path(tmp))
-        mrl = run_megatron(a, model, Path(tmp) / "mrl")
-        trl = run_trl(a, model, Path(tmp) / "trl")
-    res = {
-        "setup": dict(shared_args(a), model=model_name, cores=os.cpu_count(), load_avg_1m=load0),
-        "megatron_rl": mrl,
-        "trl": trl,
-        "step_time_ratio": mrl["step_s"] / trl["step_s"],
-        "speedup": trl["step_s"] / mrl["step_s"],
-        "accuracy": {"megatron_rl": mrl["accuracy"], "trl": trl["accuracy"]},
-    }
-    print_table(res)
+        res: dict[str, Any] = {s: run_size(s, a, Path(tmp)) for s in sizes}
+    for s in sizes:
+        print_size(s, res[s])
+    print("\nDifferences that remain:\n" + "\n".join(f"- {d}" for d in DIFFERENCES))
+    res["wall_s"] = time.perf_counter() - t0
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
-
-
-def print_table(res: dict[str, Any]) -> None:
-    s = res["setup"]
-    print(
-        f"\nGRPO {s['steps']} steps x {s['prompts']} prompts x n={s['group']} x <= "
-        f"{s['max_tokens']} tokens, model {s['model']}, cores={s['cores']} "
-        f"threads={s['threads']} load_avg_1m={s['load_avg_1m']:.1f}"
-    )
-    keys = ("step_s", "generated_tokens_per_s", "trained_tokens_per_s", "accuracy")
-    print(f"{'':<24}{'megatron-rl':>14}{'TRL':>14}{'ratio':>10}")
-    for k in keys:
-        m, t = res["megatron_rl"][k], res["trl"][k]
-        print(f"{k:<24}{m:>14.3f}{t:>14.3f}{m / t if t else float('nan'):>10.3f}")
-    print(f"step time ratio megatron-rl / TRL = {res['step_time_ratio']:.3f}")
 
 
 if __name__ == "__main__":

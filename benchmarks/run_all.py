@@ -12,6 +12,9 @@ print are parsed (a JSON line where they print one, else their stdout tail is ke
 
 ``--only rl_vs_trl,train`` re-runs just those and merges into the existing results.json. Every
 number comes from the run; the table adds the date, core count and load average it ran under.
+The tables are only ever generated from results.json: ``--render`` rewrites them from it without
+running anything, ``--check`` exits 1 if one differs. ``--quick`` (a smoke run) writes only under
+``benchmarks/out/``, never the tracked results or READMEs; tests point every path at a temp copy.
 
     .venv/bin/python benchmarks/run_all.py [--only NAME[,NAME]] [--quick] [--threads 1]
 """
@@ -52,12 +55,12 @@ class Bench:
 
 
 def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("step_s", "generated_tokens_per_s", "trained_tokens_per_s")
+    """Per size (tiny, m20): step-time ratios, step times, per-phase seconds, accuracy."""
+    keys = ("step_time_ratio", "step_cpu_ratio", "step_s", "trained_tokens_per_s", "accuracy")
     return {
-        "step_time_ratio": r["step_time_ratio"],
-        "speedup": r["speedup"],
-        "accuracy": r["accuracy"],
-        **{k: {t: r[t][k] for t in ("megatron_rl", "trl")} for k in keys},
+        size: {**{k: res[k] for k in keys}, "phases": res["phases"]}
+        for size, res in r.items()
+        if isinstance(res, dict) and "step_time_ratio" in res
     }
 
 
@@ -79,10 +82,11 @@ def _rollout(r: dict[str, Any]) -> dict[str, Any]:
 BENCHES: dict[str, Bench] = {
     "rl_vs_trl": Bench(
         "rl_vs_trl.py",
-        ["--steps", "10", "--json", "{out}"],
-        1500,
+        ["--sizes", "tiny,m20", "--json", "{out}"],
+        3600,
         _rl_vs_trl,
-        quick_args=["--steps", "2", "--prompts", "4", "--group", "4", "--json", "{out}"],
+        quick_args=["--sizes", "tiny", "--steps", "2", "--prompts", "4", "--eval-n", "4"]
+        + ["--json", "{out}"],
     ),
     "rollout": Bench(
         "rollout_engines.py",
@@ -215,9 +219,15 @@ def _get(results: dict[str, Any], path: str) -> Any:
 
 
 HEADLINES = [  # (label, key in results.json) for the top-level README's table
-    ("RL vs TRL: step time megatron-rl / TRL", "rl_vs_trl.step_time_ratio"),
-    ("RL vs TRL: held-out accuracy, megatron-rl", "rl_vs_trl.accuracy.megatron_rl"),
-    ("RL vs TRL: held-out accuracy, TRL", "rl_vs_trl.accuracy.trl"),
+    ("RL vs TRL, tiny: step time megatron-rl / TRL", "rl_vs_trl.tiny.step_time_ratio"),
+    ("RL vs TRL, tiny: held-out accuracy, megatron-rl", "rl_vs_trl.tiny.accuracy.megatron_rl"),
+    ("RL vs TRL, tiny: held-out accuracy, TRL", "rl_vs_trl.tiny.accuracy.trl"),
+    ("RL vs TRL, ~20M: step time megatron-rl / TRL", "rl_vs_trl.m20.step_time_ratio"),
+    (
+        "RL vs TRL, ~20M: trained tokens/s, megatron-rl",
+        "rl_vs_trl.m20.trained_tokens_per_s.megatron_rl",
+    ),
+    ("RL vs TRL, ~20M: trained tokens/s, TRL", "rl_vs_trl.m20.trained_tokens_per_s.trl"),
     ("rollout 100M: hf engine / transformers generate", "rollout.ratio_vs_transformers.100m/hf"),
     ("rollout 100M: vLLM CPU / transformers generate", "rollout.ratio_vs_transformers.100m/vllm"),
     ("training step MFU, tiny model", "train.mfu.tiny"),
@@ -253,12 +263,48 @@ def _replace_between_markers(path: Path, table: str) -> None:
         path.write_text(f"{head}{MARK_START}\n{table}{MARK_END}{tail}")
 
 
-def write_outputs(results: dict[str, Any]) -> None:
+def _block(path: Path) -> str | None:
+    """The text between the results markers of ``path`` (None without the file or markers)."""
+    text = path.read_text() if path.is_file() else ""
+    if MARK_START not in text or MARK_END not in text:
+        return None
+    return text.split(MARK_START, 1)[1].split(MARK_END, 1)[0].removeprefix("\n")
+
+
+def stale_tables(results: dict[str, Any]) -> list[str]:
+    """Files whose generated block or table differs from what ``results`` generates."""
+    want = {README: markdown(results), TOP_README: headline(results)}
+    stale = [str(p) for p, table in want.items() if _block(p) not in (None, table)]
+    md = HERE / "results.md"
+    if md.is_file() and md.read_text() != want[README]:
+        stale.append(str(md))
+    return stale
+
+
+def write_outputs(results: dict[str, Any], tracked: bool = True) -> None:
+    """results.json, results.md and both README blocks; a quick run writes only under out/."""
+    if not tracked:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "results.quick.json").write_text(json.dumps(results, indent=2) + "\n")
+        (OUT / "results.quick.md").write_text(markdown(results))
+        return
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
     (HERE / "results.md").write_text(table)
     _replace_between_markers(README, table)
     _replace_between_markers(TOP_README, headline(results))
+
+
+def render_or_check(check: bool) -> int:
+    """--render: regenerate the tables from results.json; --check: exit 1 if any is stale."""
+    results = json.loads(RESULTS.read_text())
+    if not check:
+        write_outputs(results)
+        return 0
+    stale = stale_tables(results)
+    for path in stale:
+        print(f"{path}: results table differs from what results.json generates", file=sys.stderr)
+    return 1 if stale else 0
 
 
 def main() -> int:
@@ -268,13 +314,18 @@ def main() -> int:
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads for every benchmark (0: their own)"
     )
+    p.add_argument("--render", action="store_true", help="rewrite the tables from results.json")
+    p.add_argument("--check", action="store_true", help="exit 1 if a table is not results.json's")
     a = p.parse_args()
+    if a.render or a.check:
+        return render_or_check(a.check)
     names = [n for n in a.only.split(",") if n] or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         print(f"unknown benchmark {unknown[0]!r}; choose from {sorted(BENCHES)}", file=sys.stderr)
         return 2
-    results = json.loads(RESULTS.read_text()) if a.only and RESULTS.is_file() else {}
+    merge = a.only and not a.quick and RESULTS.is_file()
+    results = json.loads(RESULTS.read_text()) if merge else {}
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(),
@@ -287,9 +338,9 @@ def main() -> int:
     for name in names:
         entry = run_one(name, BENCHES[name], a.quick, a.threads)
         results[name] = {"ran": ran + (", quick" if a.quick else ""), **entry}
-        write_outputs(results)  # keep what finished if a later benchmark hangs the machine
+        write_outputs(results, not a.quick)  # keep what finished if a later one hangs
     results["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
-    write_outputs(results)
+    write_outputs(results, not a.quick)
     print(markdown(results))
     failed = [n for n in names if results[n].get("status") != "ok"]
     print(f"total {results['meta']['total_s']:.0f} s; not ok: {failed or 'none'}")

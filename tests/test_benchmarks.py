@@ -39,16 +39,44 @@ def test_headline_table_goes_between_the_top_readme_markers(run_all: Any, tmp_pa
     top.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     results = {
         "meta": {"date": "d", "cores": 2, "total_s": 10.0},
-        "rl_vs_trl": {"step_time_ratio": 0.5, "accuracy": {"megatron_rl": 0.4}},
+        "rl_vs_trl": {"tiny": {"step_time_ratio": 0.5, "accuracy": {"megatron_rl": 0.4}}},
     }
     run_all.write_outputs(results)
     text = top.read_text()
     assert "old" not in text and text.startswith("intro") and text.endswith("rest\n")
-    assert "| RL vs TRL: step time megatron-rl / TRL | 0.5 |" in text
+    assert "| RL vs TRL, tiny: step time megatron-rl / TRL | 0.5 |" in text
     assert (
         "held-out accuracy, megatron-rl | 0.4 |" in text
         and "TRL | " not in text.split("megatron-rl | 0.4 |")[1]
     )
+    assert run_all.stale_tables(results) == []
+    results["rl_vs_trl"]["tiny"]["step_time_ratio"] = 0.25  # the README now disagrees
+    assert run_all.stale_tables(results) == [str(top), str(tmp_path / "results.md")]
+
+
+def test_tables_come_only_from_results_json(run_all: Any, tmp_path: Path, monkeypatch) -> None:
+    """--render regenerates both blocks from results.json, --check finds hand edits, and a quick
+    run writes under out/ only (never results.json or a README)."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{run_all.MARK_START}\nhand-written\n{run_all.MARK_END}\n")
+    results = {"meta": {"date": "d", "cores": 2}, "train": {"status": "ok", "mfu": {"tiny": 0.1}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--check"])
+    assert run_all.main() == 1
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--render"])
+    assert run_all.main() == 0
+    assert "| train | mfu.tiny | 0.1 |" in readme.read_text()
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--check"])
+    assert run_all.main() == 0
+    before = readme.read_text()
+    ok = run_all.Bench(script(tmp_path, "q.py", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
+                       ["--json", "{out}"], 60, takes_threads=False)  # fmt: skip
+    monkeypatch.setattr(run_all, "BENCHES", {"q": ok})
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--quick"])
+    assert run_all.main() == 0
+    assert readme.read_text() == before
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    assert json.loads((tmp_path / "out" / "results.quick.json").read_text())["q"]["raw"] == {"x": 1}
 
 
 def script(tmp_path: Path, name: str, body: str) -> str:
@@ -116,16 +144,52 @@ def test_headline_extractors_give_required_keys(run_all: Any) -> None:
         "tokens_per_s": {"3m/transformers": 100.0, "3m/hf": 250.0},
         "ratio_vs_transformers": {"3m/hf": 2.5},
     }
-    tool = {"step_s": 2.0, "generated_tokens_per_s": 1.0, "trained_tokens_per_s": 3.0}
-    raw = {
-        "step_time_ratio": 0.5,
-        "speedup": 2.0,
-        "accuracy": {"megatron_rl": 0.1, "trl": 0.2},
-        "megatron_rl": dict(tool, step_s=1.0),
-        "trl": tool,
-    }
-    h = run_all._rl_vs_trl(raw)
-    assert h["step_time_ratio"] == 0.5 and h["step_s"] == {"megatron_rl": 1.0, "trl": 2.0}
+    phases = {"generate": {"megatron_rl": 0.1, "trl": 0.5}}
+    size = {"step_time_ratio": 0.5, "step_cpu_ratio": 0.6, "step_s": {"megatron_rl": 1.0},
+            "trained_tokens_per_s": {"trl": 3.0}, "accuracy": {"trl": 0.2}, "phases": phases,
+            "raw": {"huge": []}}  # fmt: skip
+    h = run_all._rl_vs_trl({"tiny": size, "m20": dict(size, step_time_ratio=0.25), "wall_s": 9.0})
+    assert set(h) == {"tiny", "m20"} and h["m20"]["step_time_ratio"] == 0.25
+    assert h["tiny"]["phases"] == phases and "raw" not in h["tiny"]
+
+
+def test_rl_vs_trl_compares_shared_domains_after_warm_up() -> None:
+    """Step times leave out the first (warm-up) step; accuracy is over the domains both report
+    (the old benchmark compared 4 domains with 5); trained tokens/s is over the train phase."""
+    rvt = mod("rl_vs_trl")
+
+    def run(step_s: float, train_s: float, acc: dict[str, float], lrs: list[float]) -> dict:
+        steps = [dict(step=99.0, train=99.0)] + [dict(step=step_s, train=train_s)] * 2
+        return {"steps": steps, "lrs": lrs, "tokens": {"real": 300.0, "padded": 400.0},
+                "accuracy": acc, "accuracy_before": {"a": 0.1, "b": 0.3}}  # fmt: skip
+
+    mrl = run(1.0, 0.5, {"a": 0.5, "b": 0.25}, [3e-4, 2e-4])
+    trl = run(4.0, 2.0, {"a": 0.5, "b": 0.25, "spell": 0.0}, [3e-4, 1e-4])
+    res = rvt.compare(mrl, trl)
+    assert res["step_time_ratio"] == pytest.approx(0.25)
+    assert res["shared_domains"] == ["a", "b"]
+    assert res["accuracy"] == {"megatron_rl": 0.375, "trl": 0.375}
+    assert res["accuracy_before"] == pytest.approx(0.2)
+    assert res["trained_tokens_per_s"]["megatron_rl"] == pytest.approx(100.0 / 0.5)
+    assert res["phases"]["train"] == {"megatron_rl": 0.5, "trl": 2.0}
+    assert res["padded_token_frac"]["trl"] == pytest.approx(0.25)
+    assert res["lr_max_rel_diff"] == pytest.approx(1.0)
+
+
+def test_trl_phase_clock_splits_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's step = generate + score + other (rest of batch prep) + log + train (the rest)."""
+    tg = mod("trl_grpo")
+    clock = tg.PhaseClock()
+    clock.last, clock.last_cpu = 10.0, 1.0
+    for phase, sec in (("gen_and_score", 3.0), ("generate", 2.0), ("score", 0.5), ("log", 0.25)):
+        clock.add(phase, sec)
+    monkeypatch.setattr(tg.time, "perf_counter", lambda: 15.0)
+    monkeypatch.setattr(tg.time, "process_time", lambda: 5.0)
+    clock.step_end()
+    row = clock.steps[0]
+    assert row == {"generate": 2.0, "score": 0.5, "log": 0.25, "other": 0.5, "train": 1.75,
+                   "step": 5.0, "step_cpu": 4.0}  # fmt: skip
+    assert clock.current == {} and clock.last == 15.0
 
 
 def test_step_flops_by_hand() -> None:
@@ -176,7 +240,7 @@ def test_weight_sync_fraction(tmp_path: Path) -> None:
 
 def test_trl_reward_is_the_domain_verifier() -> None:
     """The reward TRL gets is megatron-rl's: verify + compose_reward on the same task."""
-    rvt = mod("rl_vs_trl")
+    rvt = mod("trl_grpo")
     from megatron_rl.domains import load_domains
     from megatron_rl.domains.reward import compose_reward
 

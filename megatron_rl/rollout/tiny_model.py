@@ -22,6 +22,7 @@ from megatron_rl.model.tokenizer import build_tokenizer, save_tokenizer
 SIZES: dict[str, dict[str, int]] = {
     "test": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=300),
     "3m": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=320),
+    "20m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, vocab_size=320),
     "100m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=320),
 }
 

@@ -110,8 +110,12 @@ class Controller:
     def evaluate(self, step: int) -> dict[str, Any]:
         return report.run_eval(self.rt, self.engine, self.domains, self.sched, step, self.monitor)
 
-    def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> None:
-        """7. the periodic eval, then the step's events, metrics and samples."""
+    def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> report.Timer:
+        """7. the periodic eval, then the step's events, metrics and samples.
+
+        Returns the next step's Timer, started when this step's metrics were taken: the logging
+        here (and the loop's checkpoint) count in the next row as ``time/log_s``.
+        """
         if report.eval_due(self.cfg, step):  # the loop synced the weights before it
             with t("eval"):
                 self.producer.wait()  # never share the engine with a prefetching thread
@@ -120,8 +124,11 @@ class Controller:
             self.rt.tracker.event(step, e.pop("event", "scheduler"), **e)
         metrics.update(self.sched.metrics())
         metrics.update(t.metrics(metrics))
-        self.rt.tracker.log(step, metrics)
-        report.log_samples(self.rt, step, self.groups)
+        carry = report.Timer()
+        with carry("log"):
+            self.rt.tracker.log(step, metrics)
+            report.log_samples(self.rt, step, self.groups)
+        return carry
 
     def state(self) -> dict[str, Any]:
         """What the controller checkpoints (once, in rank 0's file)."""

@@ -52,8 +52,9 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         initial=rt.start_step,
         total=cfg.train.steps,
     )
+    carry = report.Timer()  # a step's clock starts where the previous step's metrics were taken
     for step in bar:
-        t = report.Timer()
+        t = carry
         sd = None  # this step's HF state dict, gathered once for the sync and the checkpoint
         # 1. sample, 2. generate, 3. score, 4. advantages + DP partition: on the controller only
         shares, norm, metrics = ctl.rollout(step, t) if ctl else (None, 0.0, {})
@@ -77,13 +78,15 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
                 if ctl:
                     metrics.update(ctl.sync(sd, step + 1))
         # 7. evaluate held-out tasks and log (controller), then checkpoint (every rank)
+        # (this step's logging and checkpoint count in the next step's row: ``carry``)
+        carry = ctl.end_step(step, metrics, t) if ctl else report.Timer()
         if ctl:
-            ctl.end_step(step, metrics, t)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
         if last or stopping or every:
-            save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
+            with carry("checkpoint"):
+                save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
         if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
             return _finish(rt, ctl, step)

@@ -119,10 +119,17 @@ def monitor_step(
 
 
 class Timer:
-    """Wall time per phase of a step; the remainder of the step is reported as 'other'."""
+    """Wall time per phase of a step; the remainder of the step is reported as 'other'.
+
+    The RL loop starts a step's Timer where the previous step's metrics were taken, so that
+    step's logging and checkpoint (which run after its row is written) count in the next row as
+    ``time/log_s`` and ``time/checkpoint_s``: consecutive ``time/step_s`` add up to the loop's wall
+    time, the way a trainer callback's step-end to step-end intervals do.
+    """
 
     def __init__(self) -> None:
         self.start = time.time()
+        self.start_cpu = time.process_time()
         self.spent: dict[str, float] = {}
 
     @contextmanager
@@ -137,6 +144,7 @@ class Timer:
         total = time.time() - self.start
         out = {f"time/{k}_s": v for k, v in self.spent.items()}
         out["time/step_s"] = total
+        out["time/step_cpu_s"] = time.process_time() - self.start_cpu  # this process, all threads
         out["time/other_s"] = max(0.0, total - sum(self.spent.values()))
         gen_tokens = step_metrics.get("rollout/response_len_mean", 0.0) * step_metrics.get(
             "rollout/samples", 0.0

@@ -231,10 +231,13 @@ def test_weight_sync_fraction(tmp_path: Path) -> None:
     rows = [{"time/step_s": 4.0, "time/sync_s": 0.2, "sync/bytes": 1000.0}] * 3
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sizes = {"a": {"bytes": 900.0, "memory_s": 0.4}, "b": {"bytes": 9e6, "memory_s": 9.0}}
+    sizes = {  # the fraction uses the default sync mode (disk), not memory
+        "a": {"bytes": 900.0, "memory_s": 0.1, "disk_s": 0.4},
+        "b": {"bytes": 9e6, "memory_s": 9.0, "disk_s": 9.5},
+    }
     demo = ws.demo_fraction(path, sizes)
     assert demo is not None and demo["size"] == "a" and demo["step_s"] == 4.0
-    assert demo["fraction"] == pytest.approx(0.1)
+    assert demo["fraction"] == pytest.approx(0.1) and demo["mode"] == "disk"
     assert demo["run_sync_fraction"] == pytest.approx(0.05)
 
 

@@ -98,6 +98,14 @@ def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None
         # off-by-one alignment or stale engine weights (those give errors of 0.1-5 nats).
         assert r["mismatch/logp_abs_max"] < 1e-3
     assert rows[0]["train/grad_norm"] > 0
+    # a step's clock starts where the previous one's metrics were taken: step 1 carries step
+    # 0's logging and checkpoint, and the phases never exceed the step
+    assert "time/log_s" not in rows[0] and rows[1]["time/log_s"] > 0
+    assert rows[1]["time/checkpoint_s"] > 0 and rows[1]["time/step_cpu_s"] > 0
+    for r in rows:
+        phases = sum(v for k, v in r.items() if k.startswith("time/") and k.endswith("_s")
+                     and k not in ("time/step_s", "time/step_cpu_s"))  # fmt: skip
+        assert phases <= r["time/step_s"] + 1e-6
     # weight sync on CPU goes through safetensors on local disk (rollout.sync_mode: disk)
     assert (run / "sync" / "model.safetensors").is_file()
     assert all(r["sync/write_seconds"] > 0 and r["sync/bytes"] > 0 for r in rows)

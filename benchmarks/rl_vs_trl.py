@@ -105,12 +105,18 @@ def run_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     """``megatron-rl train`` as a user runs it; numbers come from metrics.jsonl/summary.json."""
     cli = [str(Path(sys.executable).parent / "megatron-rl"), "train", str(CONFIG)]
     subprocess.run([*cli, *overrides(spec)], check=True, cwd=ROOT, timeout=spec["timeout"])
-    run = Path(spec["out"]) / "mrl"
+    return read_run(Path(spec["out"]) / "mrl")
+
+
+def read_run(run: Path) -> dict[str, Any]:
+    """A megatron-rl run's per-step phases, LRs, tokens and accuracies (metrics + summary)."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/step_s" in r]
     summary = json.loads((run / "summary.json").read_text())
     steps = [
-        {p: r.get(f"time/{p}_s", 0.0) for p in PHASES} | {"step": r["time/step_s"]} for r in rows
+        {p: r.get(f"time/{p}_s", 0.0) for p in PHASES}
+        | {"step": r["time/step_s"], "step_cpu": r["time/step_cpu_s"]}
+        for r in rows
     ]
     tokens = sum(r["perf/trained_tokens_per_s"] * r["perf/train_s"] for r in rows)
     return {

@@ -176,6 +176,22 @@ def test_rl_vs_trl_compares_shared_domains_after_warm_up() -> None:
     assert res["lr_max_rel_diff"] == pytest.approx(1.0)
 
 
+def test_rl_vs_trl_reads_a_megatron_run(tmp_path: Path) -> None:
+    rvt = mod("rl_vs_trl")
+    row = {"time/step_s": 2.0, "time/step_cpu_s": 1.5, "time/train_s": 1.0, "time/log_s": 0.25,
+           "perf/trained_tokens_per_s": 100.0, "perf/train_s": 1.0, "train/lr": 3e-4,
+           "rollout/response_len_mean": 3.0}  # fmt: skip
+    lines = [json.dumps({"step": i, **row}) for i in range(2)] + ['{"eval/mean": 0.5}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    summary = {"eval_after": {"a": 0.5}, "eval_before": {"a": 0.25}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = rvt.read_run(tmp_path)
+    assert len(run["steps"]) == 2 and run["tokens"]["real"] == 200.0
+    assert run["steps"][0]["step_cpu"] == 1.5 and run["steps"][0]["log"] == 0.25
+    assert run["steps"][0]["sync"] == 0.0 and run["lrs"] == [3e-4, 3e-4]
+    assert rvt.summarize(run, ["a"])["step_cpu_s"] == 1.5
+
+
 def test_trl_phase_clock_splits_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRL's step = generate + score + other (rest of batch prep) + log + train (the rest)."""
     tg = mod("trl_grpo")

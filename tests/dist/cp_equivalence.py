@@ -17,9 +17,7 @@ set to another id (``poisoned_pads``: padding must not reach any result), then t
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,9 +26,9 @@ import torch.distributed as dist
 from long_context.packing import PackedBatch, pack
 from megatron_rl.config import load_config
 from megatron_rl.model import convert
-from megatron_rl.model.config import ModelConfig, ParallelConfig
-from megatron_rl.model.parallel import destroy_distributed, init_distributed
 from megatron_rl.model import policy as policy_module
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.train.rl_step import global_normalizer, train_step
 
@@ -144,17 +142,9 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--layouts", default="ref,cp2")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in args.layouts.split(","):
-        result = run_layout(*LAYOUTS[name])
-        if dist.get_rank() == 0:
-            torch.save(result, Path(args.out_dir) / f"{name}.pt")
-        destroy_distributed(keep_process_group=True)
-    destroy_distributed()
+    from layout_runner import run_layouts  # beside this script (run as a file by torchrun)
+
+    run_layouts(LAYOUTS, run_layout, default="ref,cp2")
 
 
 if __name__ == "__main__":

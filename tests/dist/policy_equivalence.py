@@ -17,17 +17,13 @@ Megatron shard. Then: full-vocab logits, token log-probs and entropies of two pa
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from long_context.packing import PackedBatch, pack
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.export import hf_buckets
-from megatron_rl.model.parallel import destroy_distributed, init_distributed
+from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.train.config import TrainConfig
 
@@ -99,17 +95,9 @@ def run_layout(tp: int, pp: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in args.layouts.split(","):
-        result = run_layout(*LAYOUTS[name])
-        if dist.get_rank() == 0:
-            torch.save(result, Path(args.out_dir) / f"{name}.pt")
-        destroy_distributed(keep_process_group=True)
-    destroy_distributed()
+    from layout_runner import run_layouts  # beside this script (run as a file by torchrun)
+
+    run_layouts(LAYOUTS, run_layout, default=",".join(LAYOUTS))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,6 +73,8 @@ class SlurmCluster:
         """os.environ plus SLURM_CONF pointing at this cluster."""
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.conf)
+        # jobs inherit it: the venv's megatron-rl and torchrun, also when pytest is run directly
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
 
     # ---- set-up -------------------------------------------------------------------------

@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 def train_rl(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) RL training; returns the summary also written to summary.json."""
     check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
+    # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
+    stop = report.PreemptionFlag()
     rt = setup_run(cfg, "rl")
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
     ref = report.build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
     # the only engine and scheduler; trainer ranks wait on the control group (long timeout)
     ctl = Controller(rt, engine_dir, ref) if rt.is_main else None
-    stop = report.PreemptionFlag()
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),
         desc="rl",

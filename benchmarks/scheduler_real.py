@@ -44,6 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from scheduler_report import draw, draw_temperature, log_wandb, table, temperature_table  # noqa: E402
+
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 DOMAINS = [
     "tiny/basic_arithmetic",
@@ -77,11 +79,28 @@ ADAPTIVE = [
     "scheduler.temperature_min=0.6",
     "scheduler.temperature_max=1.5",
 ]
-ARMS: dict[str, list[str]] = {  # arm -> config overrides on top of the demo config
+Arms = dict[str, list[str]]  # arm name -> config overrides
+ARMS: Arms = {  # arm -> config overrides on top of the demo config
     "uniform + zero-var filter": [*BUDGET, "scheduler.policy=uniform"],
     "adaptive": ADAPTIVE,
     "adaptive, no seesaw guard": [*ADAPTIVE, "scheduler.seesaw=false"],
     "adaptive, fixed temperature": [*ADAPTIVE, "scheduler.temperature_adapt=none"],
+}
+# Does the per-domain temperature pay? Two domains whose 8-sample groups mostly carry no signal
+# at T=1 (tiny_headroom.py, dev seed 1: share of groups with reward variance 0.35, mostly
+# all-pass; 0.33, mostly all-fail), uniform mix for both arms so only the temperature differs.
+TEMPERATURE_DOMAINS = ["tiny/letter_counting", "tinymix/equations"]
+TEMPERATURE_ARMS: Arms = {
+    "T=1 fixed": [*BUDGET, "scheduler.policy=uniform"],
+    "per-domain T (diversity)": [
+        *BUDGET,
+        "scheduler.policy=uniform",
+        *[o for o in ADAPTIVE if o.startswith("scheduler.temperature")],
+    ],
+}
+EXPERIMENTS = {  # name -> (arms, domains, held-out tasks per domain)
+    "mix": (ARMS, DOMAINS, 64),
+    "temperature": (TEMPERATURE_ARMS, TEMPERATURE_DOMAINS, 128),
 }
 
 
@@ -89,8 +108,15 @@ def slug(arm: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in arm).strip("_").replace("__", "_")
 
 
-def overrides(arm: str, seed: int, a: argparse.Namespace, run_dir: Path) -> list[str]:
+def overrides(
+    arm: str,
+    seed: int,
+    a: argparse.Namespace,
+    run_dir: Path,
+    arms: Arms | None = None,
+) -> list[str]:
     """Everything but the arm's scheduler settings is the same for every arm."""
+    arms = ARMS if arms is None else arms
     return [
         f"output_dir={run_dir}",
         f"run_name={slug(arm)}-s{seed}",
@@ -108,17 +134,20 @@ def overrides(arm: str, seed: int, a: argparse.Namespace, run_dir: Path) -> list
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",
-        *ARMS[arm],
+        *arms[arm],
     ]
 
 
-def planned_groups(a: argparse.Namespace, run_dir: Path) -> dict[str, int]:
+def planned_groups(
+    a: argparse.Namespace, run_dir: Path, arms: Arms | None = None
+) -> dict[str, int]:
     """Generated groups per step of every arm, from its resolved config; all must be equal."""
     from megatron_rl.config import load_config
 
+    arms = ARMS if arms is None else arms
     out = {}
-    for arm in ARMS:
-        cfg = load_config(CONFIG, overrides(arm, 0, a, run_dir))
+    for arm in arms:
+        cfg = load_config(CONFIG, overrides(arm, 0, a, run_dir, arms))
         n = cfg.rl.prompts_per_step
         s = cfg.scheduler
         out[arm] = math.ceil(n * s.oversample) if s.filter_zero_variance else n
@@ -127,9 +156,9 @@ def planned_groups(a: argparse.Namespace, run_dir: Path) -> dict[str, int]:
     return out
 
 
-def run_one(arm: str, seed: int, a: argparse.Namespace, run_dir: Path) -> Path:
+def run_one(arm: str, seed: int, a: argparse.Namespace, run_dir: Path, arms: Arms) -> Path:
     cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG)]
-    cmd += overrides(arm, seed, a, run_dir)
+    cmd += overrides(arm, seed, a, run_dir, arms)
     out = run_dir / f"{slug(arm)}-s{seed}"
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: the CLI would resume an old one
     out.mkdir(parents=True)
@@ -162,6 +191,7 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
         "final": final,
         "start": start,
         "mixed_share": mixed_share(metrics, list(final)),
+        "mean_temperature": mean_metric(metrics, list(final), "temperature"),
         "regressed": sorted(d for d in final if final[d] < best[d] - REGRESSION_POINTS),
         "seesaw_events": [
             e
@@ -182,11 +212,23 @@ def mixed_share(rows: list[dict[str, Any]], domains: list[str]) -> dict[str, flo
     return out
 
 
-def run_all(a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path) -> dict[str, Any]:
-    jobs = [(arm, s) for s in seeds for arm in ARMS]
+def mean_metric(rows: list[dict[str, Any]], domains: list[str], name: str) -> dict[str, float]:
+    """Per domain, the run's mean of ``sched/<domain>/<name>`` (e.g. the sampling temperature)."""
+    out = {}
+    for d in domains:
+        v = [r[f"sched/{d}/{name}"] for r in rows if f"sched/{d}/{name}" in r]
+        if v:
+            out[d] = float(np.mean(v))
+    return out
+
+
+def run_all(
+    a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path, arms: Arms
+) -> dict[str, Any]:
+    jobs = [(arm, s) for s in seeds for arm in arms]
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        dirs = list(pool.map(lambda j: run_one(j[0], j[1], a, run_dir), jobs))
-    results: dict[str, Any] = {arm: {} for arm in ARMS}
+        dirs = list(pool.map(lambda j: run_one(j[0], j[1], a, run_dir, arms), jobs))
+    results: dict[str, Any] = {arm: {} for arm in arms}
     for (arm, seed), d in zip(jobs, dirs, strict=True):
         results[arm][str(seed)] = score_run(d, a.group)
     per_step = {r["rollouts_per_step"] for arm in results.values() for r in arm.values()}
@@ -195,93 +237,22 @@ def run_all(a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path) -> dic
     return results
 
 
-def table(results: dict[str, Any]) -> str:
-    head = f"{'arm':30s} {'mean acc':>8s} {'worst':>6s} {'#regr':>5s} {'rollouts/step':>13s}"
-    lines = [head + f" {'wall s':>7s}  per seed mean acc"]
-    for arm, runs in results.items():
-        m = {k: np.mean([r[k] for r in runs.values()]) for k in ("mean_acc", "worst_acc")}
-        reg = np.mean([r["regressions"] for r in runs.values()])
-        rps = np.mean([r["rollouts_per_step"] for r in runs.values()])
-        wall = np.mean([r["wall_s"] for r in runs.values()])
-        seeds = " ".join(f"{s}:{r['mean_acc']:.3f}" for s, r in runs.items())
-        lines.append(
-            f"{arm:30s} {m['mean_acc']:8.3f} {m['worst_acc']:6.3f} {reg:5.1f} {rps:13.0f} "
-            f"{wall:7.0f}  {seeds}"
-        )
-    return "\n".join(lines)
-
-
-def mean_final(runs: dict[str, Any], key: str = "final") -> dict[str, float]:
-    """Per-domain accuracy (``final`` or ``start``) averaged over a dict of runs."""
-    doms = sorted({d for r in runs.values() for d in r[key]})
-    return {d: float(np.mean([r[key][d] for r in runs.values() if d in r[key]])) for d in doms}
-
-
-def draw(results: dict[str, Any], prefix: Path) -> list[Path]:
-    """``<prefix>_radar.png`` (final accuracy per domain per arm) and ``<prefix>_curves.png``."""
-    from megatron_rl.scheduler.curves import _plt, _save, curve_data
-    from megatron_rl.scheduler.radar import draw_radar
-
-    first = next(iter(results.values()))
-    start = mean_final(first, "start")
-    labels = list(start)
-    lines = {"start": np.array([start[d] for d in labels])}
-    for arm, runs in results.items():
-        fin = mean_final(runs)
-        lines[arm] = np.array([fin.get(d, np.nan) for d in labels])
-    short = [d.split("/", 1)[-1] for d in labels]
-    radar = draw_radar(short, lines, f"{prefix}_radar.png", "final held-out accuracy per domain")
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for arm, runs in results.items():
-        per_run = []
-        for r in runs.values():
-            curves = curve_data(r["run_dir"]).curves
-            steps = sorted({s for pts in curves.values() for s, _ in pts})
-            per_run.append([np.mean([dict(p)[s] for p in curves.values()]) for s in steps])
-        n = min(len(p) for p in per_run)
-        ax.plot(steps[:n], np.mean([p[:n] for p in per_run], axis=0), "-o", ms=3, label=arm)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean held-out accuracy (mean over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return [radar, _save(fig, plt, Path(f"{prefix}_curves.png"))]
-
-
-def log_wandb(mode: str, out: Path, results: dict[str, Any], pngs: list[Path]) -> None:
-    """One W&B run with the per-arm per-seed table and the two pictures."""
-    if mode == "disabled":
-        return
-    from megatron_rl.tracking.config import TrackingConfig
-    from megatron_rl.tracking.tracker import Tracker
-
-    run_dir = out.parent / f"{out.stem}_wandb"
-    tracker = Tracker(TrackingConfig(wandb=mode), run_dir, {"arms": ARMS, "domains": DOMAINS})
-    cols = ["arm", "seed", "mean_acc", "worst_acc", "regressions", "rollouts_per_step", "wall_s"]
-    rows = [
-        [arm, s] + [r[c] for c in cols[2:]] for arm, rs in results.items() for s, r in rs.items()
-    ]
-    tracker.table(0, "scheduler_real", cols, rows)
-    for p in pngs:
-        tracker.image(0, p.stem, p)
-    tracker.finish()
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experiment", choices=["all", *EXPERIMENTS], default="all")
     ap.add_argument("--seeds", choices=["report", "dev"], default="report")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--prompts", type=int, default=16, help="trained groups per step")
     ap.add_argument("--group", type=int, default=8, help="completions per group")
     ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--eval-n", type=int, default=64, help="held-out tasks per domain")
+    ap.add_argument("--eval-n", type=int, help="held-out tasks per domain [per experiment]")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (1 torch thread each)")
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
-    ap.add_argument("--domains", nargs="+", default=DOMAINS)
+    ap.add_argument("--domains", nargs="+", help="the mix experiment's domains (default: DOMAINS)")
     ap.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "disabled"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))
-    ap.add_argument("--smoke", action="store_true", help="2 steps, 3 domains, dev seed")
+    ap.add_argument("--smoke", action="store_true", help="2 steps, 2-3 domains, dev seed")
     a = ap.parse_args(argv)
     if a.smoke:
         a.seeds, a.steps, a.prompts, a.eval_every, a.eval_n = "dev", 2, 2, 1, 4
@@ -289,34 +260,62 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse(argv)
-    out, run_dir = Path(a.out), Path(a.run_dir)
+def settings(name: str, a: argparse.Namespace) -> tuple[Arms, argparse.Namespace]:
+    """An experiment's arms, and the arguments with its domains and eval size filled in."""
+    arms, domains, eval_n = EXPERIMENTS[name]
+    e = argparse.Namespace(**vars(a))
+    e.domains = a.domains if name == "mix" and a.domains else domains
+    e.eval_n = a.eval_n or eval_n
+    return arms, e
+
+
+def run_experiment(name: str, a: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """Every arm x seed of one experiment; its section of the JSON."""
+    arms, e = settings(name, a)
     seeds = REPORT_SEEDS if a.seeds == "report" else DEV_SEEDS
-    planned = planned_groups(a, run_dir)
+    planned = planned_groups(e, run_dir, arms)
     t0 = time.time()
-    results = run_all(a, seeds, run_dir)
+    results = run_all(e, seeds, run_dir, arms)
+    print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {e.steps} steps")
     print(table(results))
-    doc = {
+    if name == "temperature":
+        print(temperature_table(results))
+    return {
         "seeds": a.seeds,
         "seed_values": list(seeds),
         "report_seeds": list(REPORT_SEEDS),
         "dev_seeds": list(DEV_SEEDS),
-        "steps": a.steps,
-        "prompts_per_step": a.prompts,
+        "steps": e.steps,
+        "prompts_per_step": e.prompts,
+        "eval_tasks_per_domain": e.eval_n,
         "generated_groups_per_step": planned,
-        "domains": a.domains,
-        "arms": ARMS,
+        "domains": e.domains,
+        "arms": arms,
         "wall_s_total": round(time.time() - t0, 1),
         "results": results,
     }
-    prev = json.loads(out.read_text()) if out.is_file() else {}
-    prev[a.seeds] = doc  # report and dev results live side by side, never mixed
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(prev, indent=1))
-    pngs = draw(results, out.with_suffix(""))
-    log_wandb(a.wandb, out, results, pngs)
-    print(f"wrote {out} and {', '.join(str(p) for p in pngs)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    out, run_dir = Path(a.out), Path(a.run_dir)
+    names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
+    for name in names:
+        doc = run_experiment(name, a, run_dir)
+        prev = json.loads(out.read_text()) if out.is_file() else {}
+        # the mix experiment at the top (report / dev), others in their own section; report and
+        # dev results live side by side, never mixed; written after each experiment
+        section = prev if name == "mix" else prev.setdefault(name, {})
+        section[a.seeds] = doc
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(prev, indent=1))
+        prefix = out.with_suffix("")
+        if name == "mix":
+            pngs = draw(doc["results"], prefix)
+        else:
+            pngs = [draw_temperature(doc["results"], Path(f"{prefix}_{name}.png"))]
+        log_wandb(a.wandb, out, name, doc, doc["results"], pngs)
+        print(f"wrote {out} ({name}) and {', '.join(str(p) for p in pngs)}")
     return 0
 
 

@@ -102,3 +102,14 @@ def test_curves_cli_finds_the_regressed_domain(tmp_path: Path, capsys) -> None:
     (tmp_path / "events.jsonl").write_text("")
     with pytest.raises(SystemExit, match="no regression event"):
         main([str(tmp_path), "--seesaw", str(tmp_path / "x.png")])
+
+
+def test_seesaw_panel_with_a_counterfactual_run_and_the_partner_domain(tmp_path: Path) -> None:
+    write_run(tmp_path / "guard")
+    write_run(tmp_path / "noguard")
+    png = tmp_path / "s.png"
+    plain = seesaw_png(tmp_path / "guard", "tiny/b", png).stat().st_size
+    both = seesaw_png(tmp_path / "guard", "tiny/b", png, (tmp_path / "noguard",), "tiny/a")
+    assert both.stat().st_size > plain  # the dashed run, the dotted partner and their legends
+    with pytest.raises(ValueError, match="tiny/zzz"):
+        seesaw_png(tmp_path / "guard", "tiny/b", png, partner="tiny/zzz")

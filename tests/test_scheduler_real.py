@@ -19,9 +19,9 @@ import scheduler_real as sr  # noqa: E402
 
 def test_seeds_fixed_and_apart_and_arms_share_the_rollout_budget(tmp_path, monkeypatch) -> None:
     assert len(sr.REPORT_SEEDS) >= 3 and not set(sr.REPORT_SEEDS) & set(sr.DEV_SEEDS)
-    a = sr.parse(["--run-dir", str(tmp_path)])
+    _, a = sr.settings("mix", sr.parse(["--run-dir", str(tmp_path)]))
     assert sr.planned_groups(a, tmp_path) == dict.fromkeys(sr.ARMS, 32)  # 16 trained x 2
-    assert len(a.domains) >= 10
+    assert len(a.domains) >= 10 and a.eval_n == 64
     arms = dict(sr.ARMS, cheap=[*sr.BUDGET, "scheduler.oversample=1.5"])
     monkeypatch.setattr(sr, "ARMS", arms)
     with pytest.raises(ValueError, match="different groups per step"):
@@ -55,12 +55,22 @@ def test_score_run_reads_the_runs_own_curves(tmp_path) -> None:
 
 
 def test_smoke_run_of_every_arm(tmp_path) -> None:
-    """Real training (2 steps) of all four arms; nothing tracked is written."""
+    """Real training (2 steps) of every arm of both experiments; nothing tracked is written."""
     out, runs = tmp_path / "s.json", tmp_path / "runs"
     args = ["--smoke", "--out", str(out), "--run-dir", str(runs), "--wandb", "disabled"]
     assert sr.main(args) == 0
     doc = json.loads(out.read_text())
-    assert list(doc) == ["dev"]  # dev seeds only, never written where report seeds go
+    # dev seeds only, never written where report seeds go
+    assert sorted(doc) == ["dev", "temperature"] and list(doc["temperature"]) == ["dev"]
+    temp = doc["temperature"]["dev"]
+    assert temp["domains"] == sr.TEMPERATURE_DOMAINS and set(temp["results"]) == set(
+        sr.TEMPERATURE_ARMS
+    )
+    assert set(temp["generated_groups_per_step"].values()) == {4}
+    for r in (r for runs in temp["results"].values() for r in runs.values()):
+        assert sorted(r["mixed_share"]) == sorted(sr.TEMPERATURE_DOMAINS)
+        assert sorted(r["mean_temperature"]) == sorted(sr.TEMPERATURE_DOMAINS)
+    assert (tmp_path / "s_temperature.png").is_file()
     dev = doc["dev"]
     assert dev["seed_values"] == list(sr.DEV_SEEDS)
     assert set(dev["generated_groups_per_step"].values()) == {4}
@@ -76,6 +86,17 @@ def test_smoke_run_of_every_arm(tmp_path) -> None:
         ["git", "status", "--porcelain", "benchmarks"], cwd=ROOT, capture_output=True, text=True
     )
     assert "scheduler_real" not in status.stdout.replace("scheduler_real.py", "")
+
+
+def test_temperature_arms_differ_only_in_temperature_and_share_the_budget(tmp_path) -> None:
+    a = sr.parse(["--run-dir", str(tmp_path)])
+    arms, e = sr.settings("temperature", a)
+    assert e.domains == sr.TEMPERATURE_DOMAINS and e.eval_n == 128
+    assert len(set(sr.planned_groups(e, tmp_path, arms).values())) == 1
+    fixed, adapt = arms.values()
+    extra = [o for o in adapt if o not in fixed]
+    assert extra and all(o.startswith("scheduler.temperature") for o in extra)
+    assert set(fixed) <= set(adapt)
 
 
 def test_parse_smoke_is_small() -> None:

@@ -114,14 +114,24 @@ def _save(fig: Any, plt: Any, out: Path) -> Path:
     return out
 
 
-def seesaw_png(run_dir: str | Path, domain: str, path: str | Path) -> Path:
-    """One domain's eval curve with its seesaw events, its mix share and its temperature."""
+def seesaw_png(
+    run_dir: str | Path,
+    domain: str,
+    path: str | Path,
+    compare: tuple[str | Path, ...] = (),
+    partner: str | None = None,
+) -> Path:
+    """One domain's eval curve with its seesaw events, its mix share and its temperature.
+    ``compare``: other runs (e.g. the same seed without the guard) drawn dashed in every panel;
+    ``partner``: a second domain of this run (e.g. the one it interferes with), dotted on top."""
     plt = _plt()
     run = Path(run_dir)
     rows = read_jsonl(run / "metrics.jsonl")
     data = curve_data(run)
-    if domain not in data.curves:
-        raise ValueError(f"domain {domain!r} has no eval curve in {run}/metrics.jsonl")
+    for d in (domain, partner):
+        if d is not None and d not in data.curves:
+            raise ValueError(f"domain {d!r} has no eval curve in {run}/metrics.jsonl")
+    others = [(Path(c).name, read_jsonl(Path(c) / "metrics.jsonl")) for c in compare]
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
     panels = (
         (f"eval/{domain}/accuracy", "held-out accuracy"),
@@ -129,9 +139,18 @@ def seesaw_png(run_dir: str | Path, domain: str, path: str | Path) -> Path:
         (f"sched/{domain}/temperature", "temperature"),
     )
     for ax, (key, label) in zip(axes, panels, strict=True):
+        mark = "o" if "eval" in key else None
         pts = series(rows, key)
         if pts:
-            ax.plot(*zip(*pts, strict=True), "-", lw=1.5, marker="o" if "eval" in key else None)
+            ax.plot(*zip(*pts, strict=True), "-", lw=1.5, marker=mark, label=f"{run.name}")
+        for name, other in others:
+            if pts := series(other, key):
+                ax.plot(*zip(*pts, strict=True), "--", lw=1.2, marker=mark, ms=3, label=name)
+        if partner and ax is axes[0]:
+            pts = series(rows, f"eval/{partner}/accuracy")
+            ax.plot(*zip(*pts, strict=True), ":", lw=1.2, marker="s", ms=3, label=partner)
+        if others or (partner and ax is axes[0]):
+            ax.legend(fontsize=7)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         for step, d, kind, y in data.marks:
@@ -149,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--seesaw", default=None, help="also draw the seesaw panel to this path")
     ap.add_argument("--domain", default=None, help="its domain (default: first regression)")
+    ap.add_argument("--compare", nargs="*", default=[], help="other runs to draw dashed")
+    ap.add_argument("--partner", default=None, help="a second domain of the run, dotted")
     a = ap.parse_args(argv)
     print(curves_png(a.run_dir))
     if a.seesaw:
@@ -158,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             if not hits:
                 raise SystemExit(f"no regression event in {a.run_dir}/events.jsonl; pass --domain")
             domain = hits[0][1]
-        print(seesaw_png(a.run_dir, domain, a.seesaw))
+        print(seesaw_png(a.run_dir, domain, a.seesaw, tuple(a.compare), a.partner))
     return 0
 
 

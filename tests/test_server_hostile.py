@@ -164,6 +164,37 @@ def test_text_prompt_is_tokenised_with_the_models_tokenizer(served):
     assert status == 400 and "context length" in out["error"]["message"]
 
 
+def test_stream_true_answers_as_sglang_streams(served):
+    """``stream: true``: server-sent events as SGLang's ``generate_request`` writes them
+    (python/sglang/srt/entrypoints/http_server.py): ``data: <output>`` per output, then
+    ``data: [DONE]``; the same outputs as without streaming (same seeds)."""
+    st, _ = served
+    body = {
+        **_valid(3),
+        "input_ids": [[5, 17, 42], [6, 17]],
+        "sampling_params": [
+            {"max_new_tokens": 4, "sampling_seed": 1},
+            {"max_new_tokens": 4, "sampling_seed": 2},
+        ],
+    }
+
+    async def raw() -> tuple[int, str, str]:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{st.url}/generate", json={**body, "stream": True}) as r:
+                return r.status, r.headers["Content-Type"], await r.text()
+
+    status, ctype, text = asyncio.run(raw())
+    assert status == 200 and ctype.startswith("text/event-stream")
+    events = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+    assert events[-1] == "[DONE]" and all(e.startswith("{") for e in events[:-1])
+    streamed = [json.loads(e) for e in events[:-1]]
+    status, plain = _post(st.url, body)
+    assert status == 200 and len(streamed) == 2
+    for a, b in zip(streamed, plain, strict=True):
+        assert a["output_ids"] == b["output_ids"] and a["meta_info"]["finish_reason"]
+        assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
+
+
 def test_in_process_engine_names_the_bad_request():
     params = SamplingParams(max_tokens=8)
     good = GenRequest([1, 2, 3], params)

@@ -206,7 +206,7 @@ class EmbeddedServer:
             raise ValueError(f"Duplicate request ID detected: {dup[0]}")
 
     # ---- handlers -------------------------------------------------------------------------
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
             parsed = await self._parse_generate(request)
             self.check_new_rids(parsed.rids)
@@ -229,6 +229,8 @@ class EmbeddedServer:
                         c, sub, len(req.prompt_ids), parsed.return_logprob, self.weight_version
                     )
                 )
+        if parsed.stream:
+            return await _stream(request, outs)
         return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)
 
     async def _parse_generate(self, request: web.Request) -> ParsedGenerate:
@@ -341,6 +343,20 @@ class EmbeddedServer:
             self._batcher.cancel()
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.engine.shutdown()
+
+
+async def _stream(request: web.Request, outs: list[dict[str, Any]]) -> web.StreamResponse:
+    """``stream: true`` as SGLang answers it (sglang/srt/entrypoints/http_server.py,
+    ``generate_request``): ``text/event-stream`` of ``data: <output JSON>`` events, then
+    ``data: [DONE]``. The engine finishes a batch at once, so each output is one event holding
+    its whole text, token ids and log-probs (SGLang's last, cumulative chunk)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for out in outs:
+        await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -53,6 +53,7 @@ class ParsedGenerate:
     rids: list[str]
     single: bool  # one prompt given as a flat list / string: answer with one object
     return_logprob: bool
+    stream: bool = False  # answer as server-sent events (one chunk per output, then [DONE])
 
 
 def precheck_size(body: Any, limits: Limits) -> None:
@@ -89,7 +90,9 @@ def parse_generate(
         except ValueError as e:
             raise ValueError(f"{where}{e}") from None
         requests.append(req)
-    return ParsedGenerate(requests, rids, single, bool(body.get("return_logprob")))
+    return ParsedGenerate(
+        requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream"))
+    )
 
 
 def to_gen_request(input_ids: list[int], sp: dict[str, Any], max_n: int = 1 << 20) -> GenRequest:

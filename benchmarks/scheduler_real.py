@@ -226,8 +226,24 @@ def run_all(
     a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path, arms: Arms
 ) -> dict[str, Any]:
     jobs = [(arm, s) for s in seeds for arm in arms]
+
+    def attempt(job: tuple[str, int]) -> Path | Exception:
+        try:
+            return run_one(job[0], job[1], a, run_dir, arms)
+        except RuntimeError as e:  # the other runs go on; all failures are raised at the end
+            print(e, file=sys.stderr, flush=True)
+            return e
+
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        dirs = list(pool.map(lambda j: run_one(j[0], j[1], a, run_dir, arms), jobs))
+        done = list(pool.map(attempt, jobs))
+    failed = [
+        f"{arm} seed {s}" for (arm, s), d in zip(jobs, done, strict=True) if not isinstance(d, Path)
+    ]
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} of {len(jobs)} runs failed: {failed} (logs in {run_dir})"
+        )
+    dirs = [d for d in done if isinstance(d, Path)]
     results: dict[str, Any] = {arm: {} for arm in arms}
     for (arm, seed), d in zip(jobs, dirs, strict=True):
         results[arm][str(seed)] = score_run(d, a.group)

@@ -106,3 +106,38 @@ def test_bad_input_and_config():
         monitor.observe(0, "code", [1.0], ["a", "b"], ["t"])
     with pytest.raises(ValueError, match="window"):
         RewardHackingMonitor(window=0)
+
+
+def test_loop_writes_each_warning_as_one_event_also_past_the_kept_samples(tmp_path, monkeypatch):
+    """rl_report.monitor_step: every new warning is one ``reward_hacking_warning`` event at its
+    step (the sample's own ``step`` key once crashed ``Tracker.event``), also once the monitor's
+    bounded sample list is full."""
+    import json
+    from types import SimpleNamespace
+
+    from megatron_rl.rewards import monitor as monitor_mod
+    from megatron_rl.tracking.config import TrackingConfig
+    from megatron_rl.tracking.tracker import Tracker
+    from megatron_rl.train.rl_report import monitor_step
+
+    monkeypatch.setattr(monitor_mod, "MAX_SAMPLES", 2)
+    monitor = RewardHackingMonitor(window=WINDOW)
+    rt = SimpleNamespace(tracker=Tracker(TrackingConfig(wandb="disabled"), tmp_path, {}))
+    hack = "import sys; sys.exit(0)  # always passes"
+
+    def group(step: int, i: int) -> SimpleNamespace:  # the cluster is on at even steps only
+        hacked = i < 5 and step % 2 == 0
+        text = hack if hacked else f"a real, different solution number {step}-{i}"
+        return SimpleNamespace(
+            spec=SimpleNamespace(domain="code"),
+            task=SimpleNamespace(id=f"{step}-{i}"),
+            samples=[SimpleNamespace(reward=1.0 if i < 5 else 0.0, text=text)],
+        )
+
+    for step in range(7):
+        monitor_step(rt, monitor, step, [group(step, i) for i in range(8)])  # type: ignore[arg-type]
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["event"], e["domain"], e["warning"]) for e in events] == [
+        (s, "reward_hacking_warning", "code", "answer_cluster") for s in (0, 2, 4, 6)
+    ]
+    assert len(monitor.samples) == 2 and monitor.n_warnings == 4

@@ -63,6 +63,7 @@ class RewardHackingMonitor:
         self.cluster_min_tasks, self.cluster_frac = cluster_min_tasks, cluster_frac
         self.min_answer_chars = min_answer_chars
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)  # logged samples, newest last
+        self.n_warnings = 0  # every warning ever raised (``samples`` keeps the newest only)
         self._domains: dict[str, _DomainState] = defaultdict(_DomainState)
 
     @classmethod
@@ -179,6 +180,7 @@ class RewardHackingMonitor:
             ],
         }  # fmt: skip
         self.samples.append(sample)
+        self.n_warnings += 1
         log.warning(
             "possible reward hacking in %s at step %d: %s", domain, step, json.dumps(sample)
         )

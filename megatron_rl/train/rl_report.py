@@ -108,13 +108,16 @@ def monitor_step(
     for g in groups:
         for s in g.samples:
             by_domain.setdefault(g.spec.domain, []).append((s.reward, s.text, g.task.id))
-    seen = len(monitor.samples)
+    seen = monitor.n_warnings
     metrics: dict[str, float] = {}
     for domain, rows in sorted(by_domain.items()):
         rewards, answers, ids = zip(*rows, strict=True)
         metrics.update(monitor.observe(step, domain, rewards, answers, ids))
-    for sample in list(monitor.samples)[seen:]:
-        rt.tracker.event(step, "reward_hacking_warning", **sample)
+    new = min(monitor.n_warnings - seen, len(monitor.samples))
+    for sample in list(monitor.samples)[len(monitor.samples) - new :]:
+        # the event has its own step and kind: the sample's kind is the warning's
+        fields = {k: v for k, v in sample.items() if k not in ("step", "kind")}
+        rt.tracker.event(step, "reward_hacking_warning", warning=sample.get("kind"), **fields)
     return metrics
 
 

@@ -26,10 +26,12 @@ test: setup lint typecheck unit
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
-# The domain scheduler in real training: 4 arms x 3 report seeds on 12 tiny domains, ~90 min
-# on 2 cores (not part of `make bench`); writes benchmarks/scheduler_real.json and PNGs.
+# The domain scheduler in real training (not part of `make bench`), ~45 min on 2 cores: 4 arms x
+# 3 report seeds on 12 tiny domains, the per-domain temperature A/B, the constructed pair alone; writes
+# benchmarks/scheduler_real.json, scheduler_pair.json, their PNGs and docs/scheduler_seesaw.png.
 bench-scheduler: setup
 	$(BIN)/python benchmarks/scheduler_real.py
+	$(BIN)/python benchmarks/scheduler_pair.py
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
 # benchmarks/results.json as long_context.cp2_vs_cp1.

@@ -276,6 +276,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+PAIR = ("tinymix/add", "tinymix/add_last_digit")  # the constructed conflicting pair
+
+
+def draw_seesaw(results: dict[str, Any], path: Path) -> list[Path]:
+    """The seesaw picture: the ``adaptive`` run of the first seed whose guard flagged a domain of
+    the constructed pair (else any domain), that domain's curve with the events, its share of
+    the mix and its temperature; the same seed without the guard dashed (identical until the
+    guard first acts), the partner dotted. Nothing is drawn if the guard never fired."""
+    from megatron_rl.scheduler.curves import seesaw_png
+
+    runs = results.get("adaptive", {})
+    flagged = [
+        (seed, e["domain"])
+        for seed, r in runs.items()
+        for e in r["seesaw_events"]
+        if e["event"] == "regression"
+    ]
+    picks = [f for f in flagged if f[1] in PAIR] or flagged
+    if not picks:
+        print("the adaptive runs raised no regression event: no seesaw picture")
+        return []
+    seed, domain = picks[0]
+    other = results.get("adaptive, no seesaw guard", {}).get(seed)
+    partner = next((d for d in PAIR if d != domain), None) if domain in PAIR else None
+    compare = (other["run_dir"],) if other else ()
+    return [seesaw_png(runs[seed]["run_dir"], domain, path, compare, partner)]
+
+
 def settings(name: str, a: argparse.Namespace) -> tuple[Arms, argparse.Namespace]:
     """An experiment's arms, and the arguments with its domains and eval size filled in."""
     arms, domains, eval_n = EXPERIMENTS[name]
@@ -328,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         prefix = out.with_suffix("")
         if name == "mix":
             pngs = draw(doc["results"], prefix)
+            seesaw = ROOT / "docs" / "scheduler_seesaw.png" if a.seeds == "report" else None
+            pngs += draw_seesaw(doc["results"], seesaw or Path(f"{prefix}_seesaw.png"))
         else:
             pngs = [draw_temperature(doc["results"], Path(f"{prefix}_{name}.png"))]
-        log_wandb(a.wandb, out, name, doc, doc["results"], pngs)
+        log_wandb(a.wandb, run_dir, name, doc, doc["results"], pngs)
         print(f"wrote {out} ({name}) and {', '.join(str(p) for p in pngs)}")
     return 0
 

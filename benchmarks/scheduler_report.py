@@ -110,15 +110,16 @@ def draw_temperature(results: dict[str, Any], path: Path) -> Path:
 
 
 def log_wandb(
-    mode: str, out: Path, name: str, doc: dict[str, Any], results: dict[str, Any], pngs: list[Path]
+    mode: str, runs: Path, name: str, doc: dict[str, Any], results: dict[str, Any], pngs: list[Path]
 ) -> None:
-    """One W&B run per experiment with the per-arm per-seed table and the pictures."""
+    """One W&B run per experiment (in ``runs/summary-<name>``) with the per-arm per-seed table
+    and the pictures."""
     if mode == "disabled":
         return
     from megatron_rl.tracking.config import TrackingConfig
     from megatron_rl.tracking.tracker import Tracker
 
-    run_dir = out.parent / f"{out.stem}_{name}_wandb"
+    run_dir = runs / f"summary-{name}"
     tracker = Tracker(
         TrackingConfig(wandb=mode), run_dir, {"arms": doc["arms"], "domains": doc["domains"]}
     )

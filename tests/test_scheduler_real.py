@@ -99,6 +99,53 @@ def test_temperature_arms_differ_only_in_temperature_and_share_the_budget(tmp_pa
     assert set(fixed) <= set(adapt)
 
 
+def test_seesaw_picture_prefers_the_constructed_pair_and_draws_nothing_without_events(
+    tmp_path,
+) -> None:
+    def run(name: str, events: list[dict]) -> dict:
+        d = tmp_path / name
+        d.mkdir()
+        rows = [
+            {"step": s, "eval/tiny/x/accuracy": 0.3}
+            | {f"eval/{dom}/accuracy": 0.5 - 0.1 * (s == 1) for dom in sr.PAIR}
+            for s in range(3)
+        ]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        return {"run_dir": str(d), "seesaw_events": events}
+
+    ev = [
+        {"step": 1, "event": "regression", "domain": "tiny/x"},
+        {"step": 1, "event": "regression", "domain": "tinymix/add_last_digit"},
+    ]
+    results = {
+        "adaptive": {"11": run("a11", ev[:1]), "12": run("a12", ev)},
+        "adaptive, no seesaw guard": {"11": run("n11", []), "12": run("n12", [])},
+    }
+    (png,) = sr.draw_seesaw(results, tmp_path / "s.png")
+    assert png.stat().st_size > 10_000  # seed 12: the pair's domain, with its counterfactual
+    assert sr.draw_seesaw({"adaptive": {"11": run("q", [])}}, tmp_path / "t.png") == []
+    assert not (tmp_path / "t.png").exists()
+
+
 def test_parse_smoke_is_small() -> None:
     a: argparse.Namespace = sr.parse(["--smoke"])
     assert (a.seeds, a.steps, a.prompts) == ("dev", 2, 2) and len(a.domains) == 3
+
+
+def test_pair_study_smoke(tmp_path) -> None:
+    """benchmarks/scheduler_pair.py: 2 real steps of each arm; the one-sided arms train only
+    their domain (the partner's share is 0) and both domains are evaluated; redraw re-reads."""
+    import scheduler_pair as sp
+
+    out, png, runs = tmp_path / "p.json", tmp_path / "p.png", tmp_path / "runs"
+    args = ["--steps", "2", "--eval-every", "1", "--eval-n", "4", "--wandb", "disabled"]
+    args += ["--out", str(out), "--png", str(png), "--run-dir", str(runs)]
+    assert sp.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == set(sp.ARMS) and png.stat().st_size > 10_000
+    for r in doc["results"].values():
+        assert sorted(r["final"]) == sorted(sp.PAIR)
+    rows = [json.loads(x) for x in (runs / "train_add_only-s1" / "metrics.jsonl").open()]
+    assert {r["sched/tinymix/add_last_digit/weight"] for r in rows if "loss/total" in r} == {0.0}
+    assert sp.main([*args, "--redraw"]) == 0

@@ -270,11 +270,14 @@ class Fleet:
             self._spawn(p, self.server_cmd(p))  # weight-update group with this server in it
             self.wait_healthy(p, "/health")
             p.restarts += 1
+            version = self.current_version()
             if not self.load_current_weights(p):  # never serve stale weights: try again
                 _signal_group(self._popen[p.name].pid, signal.SIGKILL)  # on the next pass
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
+            if self.current_version() != version:  # a sync recorded a newer one meanwhile
+                self.load_current_weights(p)
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -283,6 +286,11 @@ class Fleet:
         wid = self._worker_ids.pop(p.name, None)
         if self.router_url and wid:
             http("DELETE", f"{self.router_url}/workers/{wid}")
+
+    def current_version(self) -> str | None:
+        """The version in ``current_weights.json`` (None before the first sync)."""
+        f = self.sync_dir / "current_weights.json"
+        return str(json.loads(f.read_text())["version"]) if f.is_file() else None
 
     def load_current_weights(self, p: Proc) -> bool:
         """Bring ``p`` to the weights recorded in ``current_weights.json``; False on failure."""

@@ -129,10 +129,11 @@ def _submit(cluster: SlurmCluster, overrides: list[str]) -> int:
 
 
 def _wait_rows(cluster: SlurmCluster, job: int, run_dir: Path, step: int, timeout_s: float) -> None:
-    """Until metrics.jsonl holds a row for ``step`` (the job must keep running meanwhile)."""
+    """Until metrics.jsonl holds the training row of ``step`` (not the start-up eval's, which
+    is logged at step 0 too); the job must keep running meanwhile."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(r.get("step") == step for r in _metrics(run_dir)):
+        if any(r.get("step") == step and "rollout/samples" in r for r in _metrics(run_dir)):
             return
         state = cluster.job_state(job)
         assert state in ("PENDING", "RUNNING", "REQUEUED"), (state, _out(run_dir, job))

@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -138,6 +139,40 @@ def test_broadcast_reaches_both_servers_and_a_restarted_server_rejoins(
         sd2 = _perturbed(model, 2)
         engine.update_weights(sd2)  # the group is rebuilt with the restarted server in it
         _assert_servers_hold(fleet, sd2)
+        assert _logprob_mismatch(engine, model, sd2) < 1e-4
+    finally:
+        engine.shutdown()
+
+
+def test_a_server_readded_during_a_broadcast_catches_up_from_disk(
+    fleet: Fleet, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race CI hit: the fleet restarts a server while the trainer broadcasts version v to
+    the group it built before; the server loads the version recorded before (v-1) and is
+    re-added, outside the group. After recording v the trainer loads v onto it from disk."""
+    from megatron_rl.rollout.sglang_weights import DistributedWeightSync
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    engine = _engine(fleet, model)
+    try:
+        sd1 = _perturbed(model, 3)
+        engine.update_weights(sd1)
+        _assert_servers_hold(fleet, sd1)
+        real_update = DistributedWeightSync.update
+
+        def update_then_restart(self: DistributedWeightSync, state: Any, version: str) -> float:
+            out = real_update(self, state, version)  # v reaches the group's members
+            fleet.kill_server(0)  # ... and a server is restarted before v is recorded
+            deadline = time.monotonic() + 60
+            while not fleet.check() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            return out
+
+        monkeypatch.setattr(DistributedWeightSync, "update", update_then_restart)
+        sd2 = _perturbed(model, 4)
+        engine.update_weights(sd2)
+        assert fleet.servers[0].restarts >= 1
+        _assert_servers_hold(fleet, sd2)  # the re-added server too
         assert _logprob_mismatch(engine, model, sd2) < 1e-4
     finally:
         engine.shutdown()

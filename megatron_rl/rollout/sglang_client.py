@@ -257,9 +257,12 @@ class SGLangClient:
             "check rollout.urls and that the servers and router are running"
         )
 
-    async def update_weights_from_disk(self, path: str, version: str) -> None:
+    async def update_weights_from_disk(
+        self, path: str, version: str, urls: list[str] | None = None
+    ) -> None:
+        """Every worker (or only ``urls``) loads ``path`` as ``version``."""
         body = {"model_path": path, "weight_version": version, "flush_cache": True}
-        urls = await self.worker_urls()
+        urls = urls if urls is not None else await self.worker_urls()
         if not urls:
             raise RuntimeError(f"router {self.url} lists no workers to update")
 
@@ -409,7 +412,17 @@ class SGLangEngine(RolloutEngine):
         if self.cfg.sglang.record_weights:
             out = self._write_version(hf_state_dict, self.version)
             self._record(str(out.resolve()), str(self.version))
+            self._catch_up(str(out.resolve()), str(self.version))
         return time.perf_counter() - t0
+
+    def _catch_up(self, path: str, version: str) -> None:
+        """A server the fleet re-added while this version was broadcast (it loaded the version
+        recorded before, and was not in the group) loads this one from disk now."""
+        assert self._sync is not None
+        late = sorted(set(self._run(self.client.worker_urls())) - set(self._sync.members))
+        if late:
+            log.warning("%s joined during the broadcast of version %s: loading it", late, version)
+            self._run(self.client.update_weights_from_disk(path, version, urls=late))
 
     def _record(self, path: str, version: str) -> None:
         """``<sync_dir>/current_weights.json``: what a restarted server must load."""

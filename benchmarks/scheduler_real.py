@@ -21,8 +21,15 @@ ending more than 2 points below their own best sweep), generated groups per step
 It also draws ``<out>_radar.png`` (final accuracy per domain, one line per arm, mean over
 seeds) and ``<out>_curves.png`` (mean held-out accuracy against step per arm); each run's
 directory has its own ``radar.png`` and ``eval_curves.png``; W&B gets every run and a summary.
+With report seeds it draws docs/scheduler_seesaw.png from the first adaptive run whose guard
+flagged a domain (of the constructed pair if any), its no-guard twin dashed (``draw_seesaw``).
 
-    .venv/bin/python benchmarks/scheduler_real.py                 # full: 4 arms x 3 seeds
+A second experiment (``--experiment temperature``; both run by default) asks whether the
+per-domain temperature pays: two low-signal domains, uniform mix, T = 1 fixed vs the diversity
+controller, same budget and seeds; it goes to the JSON's ``temperature`` section and
+``<out>_temperature.png``.
+
+    .venv/bin/python benchmarks/scheduler_real.py                 # both experiments, 3 seeds
     .venv/bin/python benchmarks/scheduler_real.py --smoke --out /tmp/s.json --run-dir /tmp/r
 """
 

@@ -10,10 +10,11 @@ model with the demo's RL settings, one seed (a demonstration, not an A/B):
 * ``adaptive`` / ``adaptive, no seesaw guard``: the benchmark's adaptive settings on the pair;
   the two runs are identical until the guard first acts.
 
-Writes ``benchmarks/scheduler_pair.json`` (per arm: start / final / best held-out accuracy per
-domain, the guard's events, wall time) and ``benchmarks/scheduler_pair.png`` (per domain: greedy
-held-out accuracy, solid, and the sampled training reward at T, dotted, one colour per arm),
-both from the runs' own files (``--redraw`` re-reads finished runs without training):
+Writes ``benchmarks/scheduler_pair.json`` (per arm, scheduler_real's ``score_run``: start /
+final / best held-out accuracy per domain and the curves, the guard's events, wall time) and
+``benchmarks/scheduler_pair.png`` (per domain: greedy held-out accuracy, solid, and the sampled
+training reward at T, dotted, one colour per arm), both from the runs' own files
+(``--redraw`` re-reads finished runs without training):
 
     .venv/bin/python benchmarks/scheduler_pair.py [--seed 1] [--steps 150] [--redraw]
 """
@@ -28,10 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from scheduler_real import ADAPTIVE, BUDGET, Arms, run_one, slug  # noqa: E402
+from scheduler_real import ADAPTIVE, BUDGET, Arms, run_one, score_run, slug  # noqa: E402
 
 PAIR = ["tinymix/add", "tinymix/add_last_digit"]
 
@@ -48,23 +51,6 @@ ARMS: Arms = {
     "adaptive": ADAPTIVE,
     "adaptive, no seesaw guard": [*ADAPTIVE, "scheduler.seesaw=false"],
 }
-
-
-def summarize(run: Path) -> dict[str, Any]:
-    from megatron_rl.scheduler.curves import curve_data, read_jsonl
-
-    curves = curve_data(run).curves
-    return {
-        "start": {d: pts[0][1] for d, pts in curves.items()},
-        "final": {d: pts[-1][1] for d, pts in curves.items()},
-        "best": {d: max(v for _, v in pts) for d, pts in curves.items()},
-        "curves": {d: pts for d, pts in curves.items()},
-        "events": [
-            e for e in read_jsonl(run / "events.jsonl") if e["event"] in ("regression", "recovery")
-        ],
-        "wall_s": json.loads((run / "summary.json").read_text())["wall_s"],
-        "run_dir": str(run),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
             dirs = list(pool.map(lambda arm: run_one(arm, a.seed, opts, run_dir, ARMS), ARMS))
-    results = {arm: summarize(d) for arm, d in zip(ARMS, dirs, strict=True)}
+    results = {arm: score_run(d, opts.group) for arm, d in zip(ARMS, dirs, strict=True)}
     for arm, r in results.items():
         cells = "  ".join(
             f"{d}: {r['start'][d]:.3f} -> {r['final'][d]:.3f} (best {r['best'][d]:.3f})"
             for d in PAIR
         )
-        print(f"{arm:28s} {cells}  events {len(r['events'])}")
+        print(f"{arm:28s} {cells}  events {len(r['seesaw_events'])}")
     doc = {"seed": a.seed, "steps": a.steps, "eval_tasks_per_domain": a.eval_n, "arms": ARMS}
     wall = sum(r["wall_s"] for r in results.values()) if a.redraw else time.time() - t0
     doc |= {"wall_s_total": round(wall, 1), "results": results}
@@ -119,9 +105,7 @@ def draw_pair(results: dict[str, Any], path: Path) -> Path:
             ax.plot(*zip(*r["curves"][d], strict=True), "-o", ms=3, color=colors(i), label=arm)
             if pts := series(rows, f"rollout/{d}/reward_mean"):
                 xs, ys = zip(*pts, strict=True)
-                k = 10  # a 10-step running mean of the sampled reward
-                smooth = [sum(ys[max(0, j - k + 1) : j + 1]) / len(ys[max(0, j - k + 1) : j + 1])
-                          for j in range(len(ys))]  # fmt: skip
+                smooth = [np.mean(ys[max(0, j - 9) : j + 1]) for j in range(len(ys))]  # 10 steps
                 ax.plot(xs, smooth, ":", lw=1.2, color=colors(i))
     for ax, d in zip(axes, PAIR, strict=True):
         ax.set_title(d)

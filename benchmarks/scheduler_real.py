@@ -197,6 +197,8 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
         "start_mean_acc": float(np.mean(list(start.values()))),
         "final": final,
         "start": start,
+        "best": best,
+        "curves": curves,
         "mixed_share": mixed_share(metrics, list(final)),
         "mean_temperature": mean_metric(metrics, list(final), "temperature"),
         "regressed": sorted(d for d in final if final[d] < best[d] - REGRESSION_POINTS),
@@ -211,12 +213,7 @@ def score_run(run: Path, group_size: int) -> dict[str, Any]:
 
 def mixed_share(rows: list[dict[str, Any]], domains: list[str]) -> dict[str, float]:
     """Per domain, the run's mean share of groups with reward variance (1 - zero_var_frac)."""
-    out = {}
-    for d in domains:
-        v = [1.0 - r[f"sched/{d}/zero_var_frac"] for r in rows if f"sched/{d}/zero_var_frac" in r]
-        if v:
-            out[d] = float(np.mean(v))
-    return out
+    return {d: 1.0 - v for d, v in mean_metric(rows, domains, "zero_var_frac").items()}
 
 
 def mean_metric(rows: list[dict[str, Any]], domains: list[str], name: str) -> dict[str, float]:

@@ -184,7 +184,7 @@ class Fleet:
             self.wait_healthy(p, "/health")
             # A trainer may already be running (restarted node); a record left by an earlier
             # job may be stale, and the trainer pushes its weights at start anyway.
-            if not self.load_current_weights(p):
+            if not self.load_current_weights(p, self.current_weights()):
                 log.warning("%s keeps its initial weights until the trainer's push", p.name)
             self.register(p)
         self.write_manifest()
@@ -270,14 +270,14 @@ class Fleet:
             self._spawn(p, self.server_cmd(p))  # weight-update group with this server in it
             self.wait_healthy(p, "/health")
             p.restarts += 1
-            version = self.current_version()
-            if not self.load_current_weights(p):  # never serve stale weights: try again
+            cur = self.current_weights()
+            if not self.load_current_weights(p, cur):  # never serve stale weights: try again
                 _signal_group(self._popen[p.name].pid, signal.SIGKILL)  # on the next pass
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
-            if self.current_version() != version:  # a sync recorded a newer one meanwhile
-                self.load_current_weights(p)
+            if (latest := self.current_weights()) != cur:  # a sync recorded a newer one meanwhile
+                self.load_current_weights(p, latest)
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -287,17 +287,15 @@ class Fleet:
         if self.router_url and wid:
             http("DELETE", f"{self.router_url}/workers/{wid}")
 
-    def current_version(self) -> str | None:
-        """The version in ``current_weights.json`` (None before the first sync)."""
+    def current_weights(self) -> dict[str, Any] | None:
+        """``current_weights.json`` (path and version of the last sync; None before the first)."""
         f = self.sync_dir / "current_weights.json"
-        return str(json.loads(f.read_text())["version"]) if f.is_file() else None
+        return json.loads(f.read_text()) if f.is_file() else None
 
-    def load_current_weights(self, p: Proc) -> bool:
-        """Bring ``p`` to the weights recorded in ``current_weights.json``; False on failure."""
-        f = self.sync_dir / "current_weights.json"
-        if not f.is_file():
+    def load_current_weights(self, p: Proc, cur: dict[str, Any] | None) -> bool:
+        """Bring ``p`` to ``cur`` (a :meth:`current_weights` record); False on failure."""
+        if cur is None:
             return True  # no sync yet: the server already holds the initial weights
-        cur = json.loads(f.read_text())
         body = {"model_path": cur["path"], "weight_version": cur["version"]}
         status, text = http("POST", f"{p.url}/update_weights_from_disk", body, timeout=600)
         if status != 200:

@@ -15,9 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -146,27 +148,33 @@ def _out(run_dir: Path, job: int) -> str:
     return f.read_text(errors="replace")[-6000:] if f.exists() else "(no output yet)"
 
 
-def _wait_text(run_dir: Path, job: int, text: str, timeout_s: float) -> None:
-    """Until the job's output holds ``text``."""
+def _wait_out(
+    run_dir: Path, job: int, find: Callable[[str], T | None], what: str, timeout_s: float
+) -> T:
+    """Poll the job's whole output until ``find`` returns something; fail naming ``what``."""
     deadline = time.monotonic() + timeout_s
     f = run_dir / f"slurm-{job}.out"
-    while not f.exists() or text not in f.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"no {text!r} in the job output:\n{_out(run_dir, job)}"
-        time.sleep(0.5)
+    while time.monotonic() < deadline:
+        if (found := find(f.read_text(errors="replace") if f.exists() else "")) is not None:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never came in job {job}:\n{_out(run_dir, job)}")
+
+
+def _wait_text(run_dir: Path, job: int, text: str, timeout_s: float) -> None:
+    """Until the job's output holds ``text``."""
+    _wait_out(run_dir, job, lambda out: True if text in out else None, repr(text), timeout_s)
 
 
 def _wait_resume(run_dir: Path, job: int, restart: int, timeout_s: float) -> int:
     """The step the ``restart``-th run of the job resumed at (from its "next step K" log line)."""
-    deadline = time.monotonic() + timeout_s
-    f = run_dir / f"slurm-{job}.out"
-    while time.monotonic() < deadline:
-        text = f.read_text(errors="replace") if f.exists() else ""
-        _, _, after = text.partition(f"restart count {restart}")
+
+    def find(out: str) -> int | None:
+        after = out.partition(f"restart count {restart}")[2]
         found = re.findall(r"resuming rl run from .* \(next step (\d+)\)", after)
-        if found:
-            return int(found[0])
-        time.sleep(0.2)
-    raise AssertionError(f"run {restart} of job {job} never resumed:\n{_out(run_dir, job)}")
+        return int(found[0]) if found else None
+
+    return _wait_out(run_dir, job, find, f"the resume of run {restart}", timeout_s)
 
 
 def _trainer_pids(marker: str) -> list[int]:
@@ -232,9 +240,16 @@ def test_rendered_job_distributed_sync_survives_server_kill_requeue_and_usr1(
     run_dir = tmp_path / "runs" / "job"
 
     _wait_rows(cluster, job, run_dir, 0, 400)
-    manifest = json.loads(next(run_dir.glob("servers-*.json")).read_text())
-    victim = manifest["processes"][1]
-    subprocess.run(["kill", "-9", str(victim["pid"])], check=True)
+    manifest = next(run_dir.glob("servers-*.json"))
+    victim = json.loads(manifest.read_text())["processes"][1]
+    # frozen until the fleet has restarted it: a broadcast into a group with a dead member leaves
+    # the survivor waiting out group_timeout_s; here the next sync sees the new member instead
+    with _frozen(str(tmp_path)):
+        subprocess.run(["kill", "-9", str(victim["pid"])], check=True)
+        deadline = time.monotonic() + 120
+        while json.loads(manifest.read_text())["processes"][1]["pid"] == victim["pid"]:
+            assert time.monotonic() < deadline, "the fleet did not restart the killed server"
+            time.sleep(0.2)
 
     # a micro step takes ~0.5 s on an idle machine: the ranks are frozen while a signal is on
     # its way (poll, scontrol, the script's trap, srun, torchrun), so it lands mid-run

@@ -165,7 +165,7 @@ from megatron_rl.train.rl_report import PreemptionFlag
 dist.init_process_group("gloo")
 rank, out = dist.get_rank(), sys.argv[1]
 stop = PreemptionFlag()
-open(f"{out}/ready-{rank}", "w").close()
+open(f"{out}/ready-{rank}", "w").write(str(os.getpid()))
 for step in range(10_000):
     time.sleep(0.2 + 0.3 * rank)  # ranks reach the check at different times
     flag = torch.tensor([int(stop.requested)])
@@ -204,7 +204,9 @@ def test_usr1_reaches_torchrun_workers_and_they_checkpoint_one_step(
         assert ckpts[0]["step"] == ckpts[1]["step"]
     else:
         assert ckpts == []
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # orphaned workers, if any
-        except ProcessLookupError:
-            pass
+        # orphaned workers, if any (torchrun starts each in its own session: killpg misses them)
+        for pid in [proc.pid, *(int(p.read_text()) for p in tmp_path.glob("ready-*"))]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -182,7 +182,19 @@ class CPDotProductAttention(MegatronModule):  # type: ignore[misc]
                 "(PackedSeqParams with cu_seqlens_q_padded), as Policy builds them"
             )
         cu = packed_seq_params.cu_seqlens_q_padded
-        if cu is None:
-            cu = packed_seq_params.cu_seqlens_q
+        if cu is None:  # a row not laid out for CP: run whole (long_context/cp_switch.py)
+            return self._whole(query, key, value, packed_seq_params.cu_seqlens_q)
         out = cp_packed_attention(query, key, value, cu, self.cp_group, self.softmax_scale)
+        return out.reshape(out.shape[0], -1)
+
+    def _whole(self, query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """Per-sequence causal attention of a row this rank runs alone ([L, H * D])."""
+        from megatron_rl.model.attention import varlen_attention
+
+        if dist.get_world_size(self.cp_group) != 1:
+            raise ValueError(
+                "CP attention got a row without CP boundaries (cu_seqlens_q_padded) while its "
+                "CP group has several ranks; whole rows run inside cp_switch.unsplit"
+            )
+        out = varlen_attention(query, key, value, cu_seqlens, self.softmax_scale)
         return out.reshape(out.shape[0], -1)

@@ -48,7 +48,7 @@ def launch(out_dir: Path, nproc: int, layouts: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    return launch(tmp_path_factory.mktemp("cp"), 2, "ref,cp2")
+    return launch(tmp_path_factory.mktemp("cp"), 2, "ref,cp2,cp2switch")
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -58,6 +58,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def check_equal(ref: dict, par: dict) -> None:
     assert max_diff(ref["logits"], par["logits"]) < 1e-5
+    assert max_diff(ref["one_short"], par["one_short"]) < 1e-5
     for key in ("logprobs", "entropy"):
         for a, b in zip(ref[key], par[key], strict=True):
             assert max_diff(a, b) < 1e-5, key
@@ -78,6 +79,15 @@ def test_cp2_matches_cp1(results: dict[str, dict]) -> None:
     ref, cp2 = results["ref"], results["cp2"]
     assert (ref["cp"], ref["dp"], cp2["cp"], cp2["dp"]) == (1, 2, 2, 1)
     check_equal(ref, cp2)
+
+
+def test_length_switched_cp2_matches_cp1(results: dict[str, dict]) -> None:
+    """parallel.cp_min_tokens=20: micro-batches of short sequences run whole on one CP rank each
+    (rank 1 owns none in the one-batch call), the one with 41 tokens is split; logits, log-probs,
+    grads and two RL steps equal CP=1 as the plain CP=2 run does."""
+    ref, sw = results["ref"], results["cp2switch"]
+    assert (sw["cp"], sw["dp"]) == (2, 1)
+    check_equal(ref, sw)
 
 
 def test_cp_padding_is_masked_out(results: dict[str, dict]) -> None:

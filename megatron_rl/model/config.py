@@ -71,6 +71,10 @@ class ParallelConfig:
     pp: int = 1  # pipeline-parallel degree
     cp: int = 1  # context-parallel degree (TE attention on GPU, long_context/cp_attention on CPU)
     dp: int = 0  # data-parallel degree; 0: derived (world / (tp * pp * cp)), else must match it
+    # with cp > 1: micro-batches whose sequences are all shorter than this many tokens run whole,
+    # one per CP rank (below it the CP group works as data parallelism; long_context/cp_switch.py);
+    # 0: every micro-batch is split over the CP group
+    cp_min_tokens: int = 0
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
 
     def validate(self) -> None:
@@ -79,6 +83,13 @@ class ParallelConfig:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
         if self.dp < 0:
             raise ValueError(f"parallel.dp must be >= 0 (0: derived), got {self.dp}")
+        if self.cp_min_tokens < 0:
+            raise ValueError(f"parallel.cp_min_tokens must be >= 0, got {self.cp_min_tokens}")
+        if self.cp_min_tokens > 0 and self.pp > 1:
+            raise ValueError(
+                f"parallel.cp_min_tokens={self.cp_min_tokens} needs parallel.pp=1 (whole "
+                f"micro-batches are shared out inside one pipeline stage), got pp={self.pp}"
+            )
         from long_context.cp import check_cp_supported
 
         check_cp_supported(self.cp)  # cp > 1 on GPU needs Transformer Engine

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from long_context import cp_switch
 from long_context.cp import CPShard, all_gather_merge, check_same_batches, gather_token_aligned
 from long_context.cp_te import te_cp_inputs
 from long_context.packing import PackedBatch, pack, to_device
@@ -69,7 +70,11 @@ class Policy:
     """The policy model chunk on this rank, with optional optimizer; see the module docstring."""
 
     def __init__(
-        self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: OptimizerConfig | None = None
+        self,
+        model_cfg: ModelConfig,
+        dist_info: DistInfo,
+        train_cfg: OptimizerConfig | None = None,
+        cp_min_tokens: int = 0,
     ) -> None:
         self.cfg = model_cfg
         self.dist = dist_info
@@ -78,6 +83,10 @@ class Policy:
         # Batches go through the CP split / THD layout (with cp = 1 only when a benchmark swaps
         # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
         self.cp_layout = dist_info.cp > 1
+        # micro-batches of sequences all shorter than this run whole, one per CP rank
+        # (parallel.cp_min_tokens; long_context/cp_switch.py); 0: every micro-batch is split
+        self.cp_min_tokens = cp_min_tokens if self.cp_layout else 0
+        self._solo = cp_switch.SoloGroups() if self.cp_min_tokens > 0 else None
         self.spec: convert.Spec = "te" if use_te_spec() else "local"
         self.module = build_gpt_model(
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
@@ -141,6 +150,7 @@ class Policy:
         batches: list[PackedBatch],
         on_logits: Callable[[PackedBatch, Tensor, CPShard | None], tuple[Tensor, dict[str, Any]]],
         forward_only: bool,
+        switch: bool = True,
     ) -> list[dict[str, Any]]:
         """Run Megatron's forward(-backward) schedule over packed batches, one per micro-batch.
 
@@ -150,12 +160,21 @@ class Policy:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from megatron.core import parallel_state as mpu
+
         batches = [to_device(b, self.dist.device) for b in batches]
         if self.cp_layout:
-            from megatron.core import parallel_state as mpu
-
             check_same_batches(batches, mpu.get_context_parallel_group())
-        n = len(batches)
+        min_tokens = self.cp_min_tokens if switch else 0  # switch=False: split every batch
+        owner = cp_switch.owners(batches, min_tokens, self.dist.cp)
+        order = [i for i, o in enumerate(owner) if o in (cp_switch.SPLIT, self.dist.cp_rank)]
+        run = [batches[i] for i in order]
+        if not run:  # every micro-batch is another CP rank's: join the step with an empty one
+            order, run = [-1], [cp_switch.empty_like(batches[0])]
+        whole = {id(batches[i]) for i, o in enumerate(owner) if o != cp_switch.SPLIT}
+        if order == [-1]:
+            whole.add(id(run[0]))
+        n = len(run)
         # Undo the schedule's loss / num_microbatches. Its "* cp" stays: under CP every rank
         # computes the whole (gathered) loss, holds 1/cp-th of the graph, and DDP averages the
         # grads over dp x cp, so the factor cp turns that average into the needed CP sum.
@@ -169,6 +188,12 @@ class Policy:
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
             batch = next(data_iterator)
+            if id(batch) in whole:  # this rank runs it alone (long_context/cp_switch.py)
+                assert self._solo is not None
+                tokens, mask, packed = self._packed_inputs(batch)
+                with cp_switch.unsplit(model, self._solo):
+                    out = self._forward(model, tokens, mask, packed)
+                return out, partial(loss_func, batch, None)
             if self.cp_layout:
                 cp_in = te_cp_inputs(batch, self.dist.cp, self.dist.cp_rank, self.dist.device)
                 packed = cp_in.packed_seq_params
@@ -178,14 +203,19 @@ class Policy:
             return self._forward(model, tokens, mask, packed), partial(loss_func, batch, None)
 
         self.model.train(not forward_only)
-        return get_forward_backward_func()(
+        outs = get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(batches),
+            data_iterator=iter(run),
             model=[self.model],
             num_microbatches=n,
-            seq_length=max(b.num_tokens for b in batches),
+            seq_length=max(b.num_tokens for b in run),
             micro_batch_size=1,
             forward_only=forward_only,
+        )
+        if self._solo is None or not switch:
+            return list(outs)
+        return cp_switch.exchange_outputs(
+            list(outs), order, owner, mpu.get_context_parallel_group()
         )
 
     def _token_stats(
@@ -330,7 +360,7 @@ class Policy:
             group = mpu.get_context_parallel_group()
             return full.new_zeros(()), {"rows": all_gather_merge(full, part.layout, group)}
 
-        outs = self._run_schedule([rows], on_logits, forward_only=True)
+        outs = self._run_schedule([rows], on_logits, forward_only=True, switch=False)
         full = torch.zeros(b * s, self.cfg.vocab_size, device=self.dist.device)
         if self.dist.is_last_stage:
             full = outs[0]["rows"]

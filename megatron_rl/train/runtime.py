@@ -73,7 +73,7 @@ def setup_run(cfg: RunConfig, kind: str) -> Runtime:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.hf_path)
-    policy = Policy(cfg.model, dist, cfg.train)
+    policy = Policy(cfg.model, dist, cfg.train, cp_min_tokens=cfg.parallel.cp_min_tokens)
     ckpt = CheckpointManager(run_dir, keep=cfg.checkpoint.keep)
     latest = ckpt.latest() if cfg.checkpoint.resume else None
     start_step, state = 0, dict[str, Any]()

@@ -41,8 +41,11 @@ CFG = ModelConfig(
     vocab_size=96,
     max_position_embeddings=256,
 )
-LENGTHS = ((7, 13, 2, 5), (41, 9))  # 2 micro-batches; 41 tokens >> a CP=2 chunk (11)
-LAYOUTS = {"ref": (1, 1), "cp2": (2, 1), "cp2tp2": (2, 2), "cp4": (4, 1)}  # name -> (cp, tp)
+LENGTHS = ((7, 13, 2, 5), (41, 9), (3, 11, 6))  # 3 micro-batches; 41 tokens >> a CP=2 chunk
+# name -> (cp, tp, cp_min_tokens); cp2switch: the two short micro-batches run whole, one per CP
+# rank, the one holding 41 tokens is split (long_context/cp_switch.py)
+LAYOUTS = {"ref": (1, 1, 0), "cp2": (2, 1, 0), "cp2tp2": (2, 2, 0), "cp4": (4, 1, 0),
+           "cp2switch": (2, 1, 20)}  # fmt: skip
 
 
 def reference_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -107,12 +110,12 @@ def rl_step(policy: Policy, cfg: Any, data: list[PackedBatch], step: int) -> dic
     return train_step(policy, cfg, data, step, normalizer=norm)
 
 
-def run_layout(cp: int, tp: int) -> dict[str, object]:
+def run_layout(cp: int, tp: int, cp_min_tokens: int) -> dict[str, object]:
     cfg = load_config(None, ["rl.loss_agg=token_mean", "train.lr=1e-2", "train.grad_clip=1.0"])
     cfg.train.adam_eps = 1e-4  # well above fp32 noise in near-zero grads: steps compare tightly
     cfg.train.warmup_steps = 0
     info = init_distributed(ParallelConfig(tp=tp, cp=cp), seed=0, model=CFG)
-    policy = Policy(CFG, info, cfg.train)
+    policy = Policy(CFG, info, cfg.train, cp_min_tokens=cp_min_tokens)
     policy.load_hf_state_dict(reference_weights(CFG, seed=0))
     data = batches()
     n_global = float(sum(b.loss_mask.sum() for b in data))
@@ -127,6 +130,7 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
     scored = policy.token_logprobs(data, temperature=0.8, with_entropy=True)
     result["logprobs"] = [lp for lp, _ in scored]
     result["entropy"] = [ent for _, ent in scored]
+    result["one_short"] = policy.token_logprobs(data[:1])[0][0]  # cp2switch: rank 1 owns nothing
     result["metrics"] = policy.forward_backward(data, loss_fn, temperature=0.8)
     result["grads"] = hf_grads(policy)
     policy.zero_grad()

@@ -125,9 +125,7 @@ def unsplit(model: Any, solo: SoloGroups) -> Iterator[None]:
             core.set_context_parallel_group(group, ranks, stream, comm or "p2p")
 
 
-def exchange_outputs(
-    outs: list[Any], order: list[int], owner: list[int], group: Any
-) -> list[Any]:
+def exchange_outputs(outs: list[Any], order: list[int], owner: list[int], group: Any) -> list[Any]:
     """Every micro-batch's output on every CP rank, in micro-batch order.
 
     ``outs[k]`` is this rank's output of micro-batch ``order[k]`` (``order`` lists the micro-batches

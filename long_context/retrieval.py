@@ -1,30 +1,31 @@
 """Retrieval task family sized for the tiny byte-level policy: exact lengths, exact answers.
 
-Three kinds, each a document of filler prose with a few facts scattered through it at random
-depths, and one question at the end that only the facts answer:
+Three kinds, each a document of filler prose with a few records scattered through it at random
+depths, and one question at the end that only the records answer. The answer is the record
+itself, quoted exactly (so a model copies it from where it sits in the context):
 
-- ``kv_lookup``: ``The code of <Name> is <dddd>.`` for several names; asks for one name's code.
-- ``multi_needle``: the same records; asks for two names' codes, answered in the asked order
-  and separated by one space (``"4821 7730"``).
-- ``which_line``: the document is numbered lines (``0042: ...``); a few lines mention a name;
-  asks which line mentions one of them, answered with its four-digit label (``"0042"``).
+- ``kv_lookup``: records ``The code of <Name> is <dddd>.`` for several names; asks for one
+  name's code; answer ``The code of Ritiv is 5085.``
+- ``multi_needle``: the same records; asks for two names' codes; answer both records, in the
+  asked order, separated by one space.
+- ``which_line``: the document is lines of prose, a few of which have a name as their subject;
+  asks which line mentions one of the names; answer that line (``Ritiv mirrors the pale mill.``).
 
 Names are five letters built from consonant-vowel patterns (14 * 5 * 14 * 5 * 14 = 68,600 names)
 and are never filler words; codes are four digits; filler sentences are drawn from a small
 grammar. The prompt space of every level is therefore astronomically large: every prompt of an
 eval set is a new one (the held-out split is still decided by the prompt hash, see
-``megatron_rl/domains/base.py``).
+``megatron_rl/domains/base.py``). A policy that knows the answer format but not where the record
+is gets the four digits right by chance once in 9,000 (``kv_lookup``).
 
 Lengths: a level's prompt is exactly :data:`LEVEL_CHARS` characters (ASCII), which is exactly
 that many tokens for a byte-level tokenizer such as the shipped tiny model's (the chat template
 adds its own few tokens); a BPE tokenizer counts roughly four times fewer. Equal lengths inside a
 level let an engine prefill a batch of prompts without padding. Levels run from 256 to 32k:
-the retrieval does not get harder with length except through the length itself (the number of
-records and their shape are the same at every level), so a length curriculum over these levels
-isolates what context length costs a policy.
+the number of records and their shape are the same at every level, so a length curriculum over
+these levels isolates what context length costs a policy.
 
-Answers are compared exactly (after stripping whitespace and a trailing period): no partial
-credit, no number parsing.
+Answers are compared exactly (after stripping surrounding whitespace): no partial credit.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ N_RECORDS = 4  # records (one asked, the others decoys) in every document
 
 _ADJ = "quiet amber distant hollow silver brisk narrow ancient gentle crooked pale vivid".split()
 _NOUN = "river lantern orchard harbor meadow engine ledger tower garden canal bridge mill".split()
-_VERB = "passes beside faces shelters outlasts mirrors circles follows crosses guards".split()
+_VERB = "passes reaches faces shelters outlasts mirrors circles follows crosses guards".split()
 _CONS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
 _PAD_WORDS = ["a", "an", "so", "and", "the", "then", "also", "again"]  # fill an exact length
@@ -143,45 +144,45 @@ def _records(rng: random.Random) -> tuple[list[str], list[str], list[str]]:
 
 def kv_lookup(rng: random.Random, chars: int) -> RetrievalTask:
     """Records ``The code of <Name> is <dddd>.`` in prose; asks for the first name's code."""
-    names, codes, facts = _records(rng)
-    question = f"\nQuestion: What is the code of {names[0]}?"
+    names, _, facts = _records(rng)
+    question = f"\nQuestion: What is the code of {names[0]}? Quote its record."
     body, depths = _prose(rng, facts, chars - len(question))
-    return RetrievalTask("kv_lookup", body + question, codes[0], (depths[0],))
+    return RetrievalTask("kv_lookup", body + question, facts[0], (depths[0],))
 
 
 def multi_needle(rng: random.Random, chars: int) -> RetrievalTask:
-    """The same records; asks for two names' codes, answered in order, space-separated."""
-    names, codes, facts = _records(rng)
-    question = f"\nQuestion: What are the codes of {names[0]} and {names[1]}?"
+    """The same records; asks for two names' codes: both records, in order, space-separated."""
+    names, _, facts = _records(rng)
+    question = f"\nQuestion: What are the codes of {names[0]} and {names[1]}? Quote the records."
     body, depths = _prose(rng, facts, chars - len(question))
-    gold = f"{codes[0]} {codes[1]}"
-    return RetrievalTask("multi_needle", body + question, gold, (depths[0], depths[1]))
+    return RetrievalTask(
+        "multi_needle", body + question, f"{facts[0]} {facts[1]}", tuple(depths[:2])
+    )
 
 
-def _line(rng: random.Random, label: int, name: str | None = None) -> str:
-    """``0042: The quiet river passes the amber mill.``; a named line has the name as subject."""
+def _line(rng: random.Random, name: str | None = None) -> str:
+    """``The quiet river passes the amber mill.``; a named line has the name as its subject."""
     subject = name or f"The {rng.choice(_ADJ)} {rng.choice(_NOUN)}"
-    verb, adj, noun = rng.choice(_VERB), rng.choice(_ADJ), rng.choice(_NOUN)
-    return f"{label:04d}: {subject} {verb} the {adj} {noun}."
+    return f"{subject} {rng.choice(_VERB)} the {rng.choice(_ADJ)} {rng.choice(_NOUN)}."
 
 
 def which_line(rng: random.Random, chars: int) -> RetrievalTask:
-    """Numbered lines; ``N_RECORDS`` of them mention a name; asks which line mentions one."""
+    """Lines of prose; ``N_RECORDS`` of them have a name as subject; asks for one name's line."""
     names = _names(rng, N_RECORDS)
-    question = f"\nQuestion: Which line mentions {names[0]}?"
+    question = f"\nQuestion: Which line mentions {names[0]}? Quote the line."
     budget = chars - len(question)
     lines: list[str] = []
     used = -1  # no newline before the first line
-    while used + 1 + len(line := _line(rng, len(lines) + 1)) <= budget:
+    while used + 1 + len(line := _line(rng)) <= budget:
         lines.append(line)
         used += 1 + len(line)
     if len(lines) < N_RECORDS:
         raise ValueError(f"which_line: {chars} characters hold fewer than {N_RECORDS} lines")
     picks = rng.sample(range(len(lines)), N_RECORDS)
     for index, name in zip(picks, names, strict=True):
-        lines[index] = _line(rng, index + 1, name)  # a name is shorter than "The <adj> <noun>"
+        lines[index] = _line(rng, name)  # a name is shorter than "The <adj> <noun>"
     used = len("\n".join(lines))
-    while used + 1 + len(line := _line(rng, len(lines) + 1)) <= budget:  # refill what they freed
+    while used + 1 + len(line := _line(rng)) <= budget:  # refill what the names freed
         lines.append(line)
         used += 1 + len(line)
     body = "\n".join(lines)
@@ -190,7 +191,7 @@ def which_line(rng: random.Random, chars: int) -> RetrievalTask:
         body += "\n" + pad_text(rng, rest - 1)
     assert len(body) == budget, (len(body), budget)
     depth = picks[0] / max(1, len(lines) - 1)
-    return RetrievalTask("which_line", body + question, f"{picks[0] + 1:04d}", (depth,))
+    return RetrievalTask("which_line", body + question, lines[picks[0]], (depth,))
 
 
 GENERATORS: dict[str, Callable[[random.Random, int], RetrievalTask]] = {
@@ -208,6 +209,5 @@ def generate(kind: str, level: int, rng: random.Random) -> RetrievalTask:
 
 
 def normalize(answer: str) -> str:
-    """Strip whitespace and one trailing period; nothing else (the comparison is exact)."""
-    text = answer.strip()
-    return text[:-1].rstrip() if text.endswith(".") else text
+    """Strip surrounding whitespace; nothing else (the comparison is exact)."""
+    return answer.strip()

@@ -158,9 +158,8 @@ class Policy:
         list of ``outputs`` comes back there (empty elsewhere). Under CP the logits are this
         rank's share [L, V/tp] and ``part`` (a ``CPShard``) says which tokens they are.
         """
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         from megatron.core import parallel_state as mpu
+        from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [to_device(b, self.dist.device) for b in batches]
         if self.cp_layout:

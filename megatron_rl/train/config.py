@@ -64,6 +64,10 @@ class RLConfig:
     max_staleness: int = 1  # max optimizer steps a sample may lag the trainer (checked at load)
     eval_every: int = 10  # steps between held-out evals
     eval_samples_per_domain: int = 64  # held-out tasks per domain per eval
+    # levels of a before/after held-out sweep per level (train/level_eval.py; for long-context
+    # domains: accuracy against context length); empty: none
+    eval_levels: list[int] = field(default_factory=list)
+    eval_samples_per_level: int = 128  # held-out prompts per domain per level of that sweep
 
     def validate(self) -> None:
         if self.group_size < 1:
@@ -84,6 +88,11 @@ class RLConfig:
             raise ValueError(f"rl.max_response_tokens must be >= 0, got {self.max_response_tokens}")
         if self.max_staleness < 0:
             raise ValueError(f"rl.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.eval_levels and self.eval_samples_per_level < 1:
+            raise ValueError(
+                f"rl.eval_samples_per_level must be >= 1 with rl.eval_levels set, "
+                f"got {self.eval_samples_per_level}"
+            )
 
     def _validate_kl(self) -> None:
         if self.kl_coef < 0:

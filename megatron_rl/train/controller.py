@@ -24,6 +24,7 @@ from megatron_rl.domains import load_domains
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
+from megatron_rl.train import level_eval
 from megatron_rl.train import rl_report as report
 from megatron_rl.train.rl_step import (
     build_batches,
@@ -57,6 +58,7 @@ class Controller:
         self.engine = report.start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
         self.eval_before = state.get("eval_before") or self.evaluate(-1)
+        self.levels_before = state.get("levels_before") or self.level_sweep()
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
             self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg, rt.start_step
@@ -110,6 +112,16 @@ class Controller:
     def evaluate(self, step: int) -> dict[str, Any]:
         return report.run_eval(self.rt, self.engine, self.domains, self.sched, step, self.monitor)
 
+    def level_sweep(self) -> dict[str, Any]:
+        """Held-out scores per level of ``rl.eval_levels`` (empty without it)."""
+        cfg = self.cfg
+        if not cfg.rl.eval_levels:
+            return {}
+        return level_eval.level_sweep(
+            self.engine, self.rt.tokenizer, self.domains, cfg.rl.eval_levels,
+            cfg.rl.eval_samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
+        )  # fmt: skip
+
     def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> report.Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
 
@@ -136,6 +148,7 @@ class Controller:
             "scheduler": self.sched.state_dict(),
             "cursor": self.cursor,
             "eval_before": self.eval_before,
+            "levels_before": self.levels_before,
             "wall_s": time.time() - self.wall0,
         }
 
@@ -147,4 +160,11 @@ class Controller:
                                                          "preempted_at": preempted_at})  # fmt: skip
         after = self.evaluate(self.cfg.train.steps)
         summary = report.summarize(self.rt, self.eval_before, after, time.time() - self.wall0)
+        if self.levels_before:  # accuracy per level, before and after, and the promotions
+            promotions = [e for e in self.sched.events if e.get("event") in ("promote", "demote")]
+            levels = level_eval.level_report(self.levels_before, self.level_sweep(), promotions)
+            summary.update(levels=levels, wall_s=round(time.time() - self.wall0, 1))
+            level_eval.write_summary(self.rt.run_dir, summary)
+            level_eval.accuracy_png(levels, self.rt.run_dir / "accuracy_vs_length.png")
+            print(level_eval.format_levels(levels))
         return report.finish(self.rt, self.engine, summary)

@@ -2,8 +2,9 @@
 
 For long-context domains a level is a context length, so this is accuracy against length. At the
 start of a run and after its last step the controller scores ``rl.eval_samples_per_level``
-held-out prompts per domain at each level of ``rl.eval_levels`` (greedy, each prompt once, the
-same prompts both times: ``evaluate`` at a fixed level draws the eval split by index). Per level it
+distinct held-out prompts per domain at each level of ``rl.eval_levels`` (greedy, each prompt
+scored once, the same prompts both times: the harness's prompt set of a fixed level is a pure
+function of domains, count, level and seed; ``train/prompt_sets.py``). Per level it
 reports the accuracy pooled over the domains, its standard error over prompts, the number of
 distinct prompts scored, the paired after - before difference with its standard error (same
 prompts, so prompt difficulty cancels) and, per domain, the accuracy. The curriculum's promotions
@@ -23,16 +24,13 @@ from typing import Any
 from megatron_rl.domains import Domain
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import RolloutEngine
-from megatron_rl.train.evaluate import evaluate
+from megatron_rl.train.evaluate import evaluate, paired_difference, stderr_of
 
 
 def stderr(values: list[float]) -> float | None:
-    """Standard error of the mean (sample SD / sqrt(n)); None below two values."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    """Standard error of the mean over prompts (the harness's); None below two values."""
+    se = stderr_of(values)
+    return se if math.isfinite(se) else None
 
 
 def level_sweep(
@@ -81,7 +79,7 @@ def level_report(
         ids_a, sa = _pooled(after[key])
         if ids_b != ids_a:
             raise ValueError(f"level {key}: the before and after sweeps scored different prompts")
-        diffs = [a - b for a, b in zip(sa, sb, strict=True)]
+        gain, gain_se = paired_difference(sb, sa)
         level = int(key)
         rows.append(
             {
@@ -93,8 +91,8 @@ def level_report(
                 "after": sum(sa) / len(sa),
                 "before_stderr": stderr(sb),
                 "after_stderr": stderr(sa),
-                "gain": sum(diffs) / len(diffs),
-                "gain_stderr": stderr(diffs),
+                "gain": gain,
+                "gain_stderr": gain_se if math.isfinite(gain_se) else None,
                 "per_domain": {
                     d: {
                         "before": sum(v["scores"]) / len(v["scores"]),

@@ -107,6 +107,8 @@ def _prose(rng: random.Random, facts: list[str], budget: int) -> tuple[str, list
     Returns the text and each fact's relative depth (index among the sentences / count).
     """
     fixed = sum(len(f) + 1 for f in facts)
+    if fixed - 1 > budget:
+        raise ValueError(f"retrieval: {budget} characters cannot hold the records ({fixed - 1})")
     sentences: list[str] = []
     used = fixed
     while True:

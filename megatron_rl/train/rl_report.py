@@ -6,6 +6,7 @@ The evals and the summary live in ``rl_eval``.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -110,6 +111,7 @@ class Timer:
         out["time/step_s"] = total
         out["time/step_cpu_s"] = time.process_time() - self.start_cpu  # this process, all threads
         out["time/other_s"] = max(0.0, total - sum(self.spent.values()))
+        out["sys/load_avg_1m"] = os.getloadavg()[0]  # shared machines: timings need the load
         gen_tokens = step_metrics.get("rollout/response_len_mean", 0.0) * step_metrics.get(
             "rollout/samples", 0.0
         )

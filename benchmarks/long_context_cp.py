@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "long_context_cpu.yaml"
+MODEL = "models/tiny-base-long"  # the long-position tiny model (the run's warm start's shape)
 RESPONSE = 32  # response tokens of the sample (the trained part)
 
 
@@ -79,24 +80,30 @@ def worker(args: argparse.Namespace) -> None:
     from megatron_rl.train.rl_step import train_step
 
     torch.set_num_threads(1)
-    cfg = load_config(CONFIG, [f"parallel.cp={args.cp}"])
+    # the long-position model itself (weights do not change step cost); every micro-batch split
+    cfg = load_config(
+        CONFIG,
+        [f"parallel.cp={args.cp}", f"model.hf_path={MODEL}", "parallel.cp_min_tokens=0"],
+    )
     sd, model_cfg = hf_io.load_hf(cfg.model.hf_path or "")
     info = init_distributed(cfg.parallel, cfg.seed, model_cfg)
     policy = Policy(model_cfg, info, cfg.train)
     policy.load_hf_state_dict(sd)
-    if args.cp == 1:
+    if args.cp == 1 and args.kernel == "cp":
         use_cp_attention(policy)
     tokenizer = load_tokenizer(cfg.model.hf_path)
     train_step(policy, cfg, [rl_sample(tokenizer, 512, seed=0)], 0)  # warm-up
     before = rss_mib()
-    times = []
+    times, cpu = [], []
     for step in range(args.steps):
         batch = rl_sample(tokenizer, args.length, seed=step + 1)
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         train_step(policy, cfg, [batch], step + 1)
         times.append(time.perf_counter() - t0)
-    mine = {"rss_before_mib": before, "peak_rss_mib": peak_rss_mib(), "step_s": times}
+        cpu.append(time.process_time() - c0)
+    mine = {"rss_before_mib": before, "peak_rss_mib": peak_rss_mib(), "step_s": times,
+            "cpu_s": cpu}  # fmt: skip
     ranks: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:
@@ -113,12 +120,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def launch(cp: int, length: int, steps: int, tmp: Path) -> dict[str, Any]:
+def launch(cp: int, length: int, steps: int, tmp: Path, kernel: str = "cp") -> dict[str, Any]:
     """One torchrun launch of ``cp`` processes; returns rank 0's JSON with every rank's numbers."""
-    out = tmp / f"cp{cp}_{length}.json"
+    out = tmp / f"cp{cp}_{kernel}_{length}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(cp), __file__, "--worker", "--cp", str(cp),
-           "--length", str(length), "--steps", str(steps), "--out", str(out)]  # fmt: skip
+           "--length", str(length), "--steps", str(steps), "--out", str(out),
+           "--kernel", kernel]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     return dict(json.loads(out.read_text()))
@@ -128,6 +136,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     ranks = run["ranks"]
     return {
         "step_s": min(min(r["step_s"]) for r in ranks),  # best step (the machine is shared)
+        "cpu_s_per_rank": [round(min(r["cpu_s"]), 3) for r in ranks],  # this process's CPU
         "peak_rss_mib_per_rank": [round(r["peak_rss_mib"], 1) for r in ranks],
         "step_mem_mib_per_rank": [round(r["peak_rss_mib"] - r["rss_before_mib"], 1) for r in ranks],
     }
@@ -143,9 +152,19 @@ def main() -> None:
     parser.add_argument("--cp", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, default=8192, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--kernel", default="cp", choices=["cp", "varlen"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--switch",
+        action="store_true",
+        help="measure the CP switch point instead: CP=1 with the whole-row varlen kernel (what a "
+        "micro-batch below parallel.cp_min_tokens runs) against CP=2 split, per length",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.switch:
+        switch_point(args.lengths, args.steps, args.json)
         return
     result: dict[str, Any] = {"per_length": {}, "load_avg_1m": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,6 +189,31 @@ def main() -> None:
     print(json.dumps(result["cp2_vs_cp1"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+def switch_point(lengths: list[int], steps: int, out: str | None) -> None:
+    """Per length: one RL step of one sequence, whole on one process (varlen kernel) vs split
+    over two (CP=2). With two processes, running whole sequences side by side (the CP group as
+    data parallelism) trains 2 / t1 sequences per second, splitting them 1 / t2; the memory a
+    whole sequence needs in one process is the other side of the choice."""
+    result: dict[str, Any] = {"per_length": {}, "load_avg_1m_start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for length in lengths:
+            whole = summarize(launch(1, length, steps, Path(tmp), kernel="varlen"))
+            split = summarize(launch(2, length, steps, Path(tmp)))
+            row = {
+                "whole_1proc": whole,
+                "split_cp2": split,
+                "seq_per_cpu_s_whole": 1.0 / whole["cpu_s_per_rank"][0],
+                "seq_per_cpu_s_split": 1.0 / sum(split["cpu_s_per_rank"]),
+                "step_mem_ratio": max(split["step_mem_mib_per_rank"])
+                / max(whole["step_mem_mib_per_rank"]),
+                "load_avg_1m": os.getloadavg()[0],
+            }
+            result["per_length"][str(length)] = row
+            print(json.dumps({str(length): row}), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 LEVEL_CHARS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # level -> prompt characters
-N_RECORDS = 4  # records (one asked, the others decoys) in every document
+N_RECORDS = 4  # records (one asked, the others decoys) in every document of the domains
 
 _ADJ = "quiet amber distant hollow silver brisk narrow ancient gentle crooked pale vivid".split()
 _NOUN = "river lantern orchard harbor meadow engine ledger tower garden canal bridge mill".split()
@@ -137,24 +137,24 @@ def _prose(rng: random.Random, facts: list[str], budget: int) -> tuple[str, list
     return body, depths
 
 
-def _records(rng: random.Random) -> tuple[list[str], list[str], list[str]]:
-    names = _names(rng, N_RECORDS)
+def _records(rng: random.Random, n: int) -> tuple[list[str], list[str], list[str]]:
+    names = _names(rng, n)
     codes = [_code(rng) for _ in names]
     facts = [f"The code of {n} is {c}." for n, c in zip(names, codes, strict=True)]
     return names, codes, facts
 
 
-def kv_lookup(rng: random.Random, chars: int) -> RetrievalTask:
+def kv_lookup(rng: random.Random, chars: int, records: int = N_RECORDS) -> RetrievalTask:
     """Records ``The code of <Name> is <dddd>.`` in prose; asks for the first name's code."""
-    names, _, facts = _records(rng)
+    names, _, facts = _records(rng, records)
     question = f"\nQuestion: What is the code of {names[0]}? Quote its record."
     body, depths = _prose(rng, facts, chars - len(question))
     return RetrievalTask("kv_lookup", body + question, facts[0], (depths[0],))
 
 
-def multi_needle(rng: random.Random, chars: int) -> RetrievalTask:
+def multi_needle(rng: random.Random, chars: int, records: int = N_RECORDS) -> RetrievalTask:
     """The same records; asks for two names' codes: both records, in order, space-separated."""
-    names, _, facts = _records(rng)
+    names, _, facts = _records(rng, max(2, records))
     question = f"\nQuestion: What are the codes of {names[0]} and {names[1]}? Quote the records."
     body, depths = _prose(rng, facts, chars - len(question))
     return RetrievalTask(
@@ -168,9 +168,9 @@ def _line(rng: random.Random, name: str | None = None) -> str:
     return f"{subject} {rng.choice(_VERB)} the {rng.choice(_ADJ)} {rng.choice(_NOUN)}."
 
 
-def which_line(rng: random.Random, chars: int) -> RetrievalTask:
-    """Lines of prose; ``N_RECORDS`` of them have a name as subject; asks for one name's line."""
-    names = _names(rng, N_RECORDS)
+def which_line(rng: random.Random, chars: int, records: int = N_RECORDS) -> RetrievalTask:
+    """Lines of prose; ``records`` of them have a name as subject; asks for one name's line."""
+    names = _names(rng, records)
     question = f"\nQuestion: Which line mentions {names[0]}? Quote the line."
     budget = chars - len(question)
     lines: list[str] = []
@@ -178,9 +178,9 @@ def which_line(rng: random.Random, chars: int) -> RetrievalTask:
     while used + 1 + len(line := _line(rng)) <= budget:
         lines.append(line)
         used += 1 + len(line)
-    if len(lines) < N_RECORDS:
-        raise ValueError(f"which_line: {chars} characters hold fewer than {N_RECORDS} lines")
-    picks = rng.sample(range(len(lines)), N_RECORDS)
+    if len(lines) < records:
+        raise ValueError(f"which_line: {chars} characters hold fewer than {records} lines")
+    picks = rng.sample(range(len(lines)), records)
     for index, name in zip(picks, names, strict=True):
         lines[index] = _line(rng, name)  # a name is shorter than "The <adj> <noun>"
     used = len("\n".join(lines))
@@ -196,7 +196,7 @@ def which_line(rng: random.Random, chars: int) -> RetrievalTask:
     return RetrievalTask("which_line", body + question, lines[picks[0]], (depth,))
 
 
-GENERATORS: dict[str, Callable[[random.Random, int], RetrievalTask]] = {
+GENERATORS: dict[str, Callable[..., RetrievalTask]] = {  # (rng, chars, records=N_RECORDS)
     "kv_lookup": kv_lookup,
     "multi_needle": multi_needle,
     "which_line": which_line,

@@ -37,6 +37,7 @@ class SFTConfig:
     data: str = "reasoning_gym"  # 'reasoning_gym' (generated) or a JSONL path {prompt, response}
     tasks: list[str] = field(default_factory=list)  # reasoning-gym generators to train on
     samples_per_task: int = 2000  # generated training pairs per task
+    shuffle: bool = True  # seeded shuffle of the pairs; false: a JSONL file's order (curriculum)
     eval_samples_per_task: int = 100  # held-out pairs per task for accuracy
     batch_size: int = 32  # sequences per optimizer step
     eval_every: int = 0  # steps between held-out evals (0: only at the end)

@@ -59,7 +59,8 @@ def load_examples(cfg: RunConfig, tokenizer: Any) -> list[Example]:
                 if "prompt" not in row or "response" not in row:
                     raise ValueError(f"{path}:{n}: each line needs 'prompt' and 'response'")
                 pairs.append((row["prompt"], row["response"]))
-    random.Random(cfg.seed).shuffle(pairs)
+    if cfg.sft.shuffle:
+        random.Random(cfg.seed).shuffle(pairs)
     return [
         (prompt_ids(tokenizer, p), list(tokenizer.encode(r, add_special_tokens=False)) + [eos])
         for p, r in pairs

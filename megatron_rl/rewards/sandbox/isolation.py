@@ -21,17 +21,23 @@ is the system Python under ``/usr`` (the venv's interpreter may live under a roo
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 import os
+import platform
 import random
 import shutil
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from megatron_rl.rewards.sandbox import memory
 from megatron_rl.rewards.sandbox.memory import SandboxCgroup
 from megatron_rl.rewards.sandbox.result import SandboxUnavailable
+
+log = logging.getLogger(__name__)
 
 HARNESS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inside")
 SANDBOX_PYTHON = "/usr/bin/python3"  # interpreter inside the sandbox (must live under /usr)
@@ -179,21 +185,44 @@ def drop_to_uid() -> bool:
     return os.geteuid() == 0
 
 
+# keyctl(2) per architecture; KEYCTL_JOIN_SESSION_KEYRING with no name = a new, empty keyring
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def _leave_session_keyring() -> None:
+    """Give the calling thread a new, empty session keyring.
+
+    The session keyring is inherited through fork and exec and across uid changes, and whoever
+    holds it may read every key linked to it (possession grants the rights). bwrap is forked from
+    a thread that ran this, so the sandbox never holds the host's keys (Kerberos tickets, tokens).
+    """
+    number = _SYS_KEYCTL.get(platform.machine())
+    libc = ctypes.CDLL(None, use_errno=True)
+    if number is None or libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        log.warning("sandbox: cannot give the spawning thread its own session keyring (%s, %s)",
+                    platform.machine(), os.strerror(ctypes.get_errno()))  # fmt: skip
+
+
+# Every bwrap is forked by one of these threads, never by a thread of the host's own.
+_SPAWNERS = ThreadPoolExecutor(4, "sandbox-spawn", initializer=_leave_session_keyring)
+
+
+def _popen(launch: Launch, uid: int | None, fds: tuple[int, ...]) -> subprocess.Popen:
+    return subprocess.Popen(
+        launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        pass_fds=(*fds, *launch.pass_fds), start_new_session=True, cwd="/", env=SANDBOX_ENV,
+        user=uid, group=uid, extra_groups=[] if uid is not None else None,
+    )  # fmt: skip
+
+
 def start(
-    launch: Launch,
-    uid: int | None,
-    fds: tuple[int, ...] = (),
-    cgroup: SandboxCgroup | None = None,
-    stdin: int | None = subprocess.DEVNULL,
+    launch: Launch, uid: int | None, fds: tuple[int, ...] = (), cgroup: SandboxCgroup | None = None
 ) -> subprocess.Popen:
-    """Start bwrap for ``launch`` with only SANDBOX_ENV (as ``uid`` unless None), move it into
-    ``cgroup`` while it still waits for its options, then hand them over."""
+    """Start bwrap for ``launch`` with only SANDBOX_ENV and a fresh session keyring (as ``uid``
+    unless None), move it into ``cgroup`` while it still waits for its options, hand them over."""
     try:
-        popen = subprocess.Popen(
-            launch.argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(*fds, *launch.pass_fds), start_new_session=True, cwd="/",
-            env=SANDBOX_ENV, user=uid, group=uid, extra_groups=[] if uid is not None else None,
-        )  # fmt: skip
+        popen = _SPAWNERS.submit(_popen, launch, uid, fds).result()
     except BaseException:
         launch.close()
         raise

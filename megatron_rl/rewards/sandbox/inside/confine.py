@@ -1,9 +1,11 @@
 """What a harness process does to itself inside the sandbox before any program code runs.
 
-Runs under the system interpreter (stdlib only). Two things:
+Runs under the system interpreter (stdlib only). Three things:
 
 * ``close_fds_except``: every file descriptor but stdio and the process's own channel is closed,
   so nothing bwrap or the host happened to pass along (the options pipe, a stray fd) is left.
+* ``leave_session_keyring``: the process takes a new, empty session keyring, so no key of the
+  host can be reached through it (the host already forks bwrap from a thread with an empty one).
 * ``enter_landlock``: the process enters a Landlock domain of its own. Landlock lets a process in
   a domain look into (ptrace, ``/proc/PID/mem``, ``environ``, ``fd``, ``cwd``, ``maps``) and,
   from ABI 6, signal only processes of the same domain. bwrap's init (pid 1 of the sandbox)
@@ -27,6 +29,8 @@ ACCESS_FS_MAKE_CHAR = 1 << 6
 ACCESS_FS_MAKE_BLOCK = 1 << 11
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}  # keyctl(2) per architecture
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
 def close_fds_except(keep: set[int]) -> None:
@@ -36,6 +40,17 @@ def close_fds_except(keep: set[int]) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 20)
+
+
+def leave_session_keyring() -> bool:
+    """Join a new anonymous session keyring; False when that is not possible here."""
+    number = SYS_KEYCTL.get(os.uname().machine)
+    try:
+        import ctypes
+    except ImportError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return number is not None and libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
 
 
 def enter_landlock() -> int:

@@ -188,6 +188,7 @@ def drop_to_uid() -> bool:
 # keyctl(2) per architecture; KEYCTL_JOIN_SESSION_KEYRING with no name = a new, empty keyring
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _KEYCTL_JOIN_SESSION_KEYRING = 1
+_SYS_LANDLOCK_CREATE_RULESET = 444  # the same on every architecture
 
 
 def _leave_session_keyring() -> None:
@@ -202,6 +203,12 @@ def _leave_session_keyring() -> None:
     if number is None or libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
         log.warning("sandbox: cannot give the spawning thread its own session keyring (%s, %s)",
                     platform.machine(), os.strerror(ctypes.get_errno()))  # fmt: skip
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none); the harness enters a domain when >= 1."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return max(0, libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1))
 
 
 # Every bwrap is forked by one of these threads, never by a thread of the host's own.

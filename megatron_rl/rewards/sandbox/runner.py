@@ -46,8 +46,8 @@ class Limits:
     """Resource limits of one execution."""
 
     timeout_s: float = 10.0  # wall time for the whole execution, seconds
-    memory_mb: int = 512  # address space per process, MiB
-    max_procs: int = 8  # processes (and threads) per sandbox; x memory_mb bounds its RAM
+    memory_mb: int = 512  # per process (address space) and per sandbox with a cgroup, MiB
+    max_procs: int = 8  # processes (and threads) per sandbox; without a cgroup, x memory_mb
     max_files: int = 64  # open file descriptors per process
     max_file_mb: int = 16  # largest file a process may write, MiB
     tmpfs_mb: int = 32  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
@@ -309,7 +309,7 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
             verdict_r, verdict_w = os.pipe()
             pipes = [req_r, req_w, resp_r, resp_w, verdict_r, verdict_w]
             child = _child_argv(limits) + [str(req_r), str(resp_w)]
-            fds = (req_r, resp_w)
+            fds: tuple[int, ...] = (req_r, resp_w)
             procs.append(_spawn(child, solution, fds, limits, sandboxed, limits.memory_mb))
             judge_mb = max(limits.memory_mb, 256)
             judge = [

@@ -235,7 +235,10 @@ def start(
         raise
     try:
         if cgroup is not None:
-            cgroup.add(popen.pid)
+            try:
+                cgroup.add(popen.pid)
+            except OSError as e:
+                log.warning("sandbox: cannot move bwrap into %s (%s)", cgroup.path, e)
         launch.release()
     except BaseException:
         launch.close()

@@ -87,8 +87,15 @@ class _Proc:
 
 
 def _cgroup(memory_mb: int) -> memory.SandboxCgroup | None:
+    """A memory cgroup for one sandbox where the machine has them (a failure only warns)."""
     bound = memory.detect()
-    return memory.SandboxCgroup(bound, memory_mb) if bound.kind in memory.CGROUP_KINDS else None
+    if bound.kind not in memory.CGROUP_KINDS:
+        return None
+    try:
+        return memory.SandboxCgroup(bound, memory_mb)
+    except OSError as e:
+        log.warning("sandbox: no memory cgroup for this run (%s); memory bound per process", e)
+        return None
 
 
 def _spawn_sandboxed(argv: list[str], files: dict[str, str], fds: tuple[int, ...],

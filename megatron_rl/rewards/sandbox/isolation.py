@@ -211,8 +211,27 @@ def landlock_abi() -> int:
     return max(0, libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1))
 
 
-# Every bwrap is forked by one of these threads, never by a thread of the host's own.
-_SPAWNERS = ThreadPoolExecutor(4, "sandbox-spawn", initializer=_leave_session_keyring)
+_spawners: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid, threads)
+_spawners_lock = threading.Lock()
+
+
+def _reset_spawners_lock() -> None:
+    global _spawners_lock
+    _spawners_lock = threading.Lock()  # a fork may have happened while another thread held it
+
+
+os.register_at_fork(after_in_child=_reset_spawners_lock)
+
+
+def _spawner_threads() -> ThreadPoolExecutor:
+    """The threads that fork every bwrap (never a thread of the host's own); made anew in a
+    forked child, where the parent's threads do not exist."""
+    global _spawners
+    with _spawners_lock:
+        if _spawners is None or _spawners[0] != os.getpid():
+            pool = ThreadPoolExecutor(4, "sandbox-spawn", initializer=_leave_session_keyring)
+            _spawners = (os.getpid(), pool)
+        return _spawners[1]
 
 
 def _popen(launch: Launch, uid: int | None, fds: tuple[int, ...]) -> subprocess.Popen:
@@ -229,7 +248,7 @@ def start(
     """Start bwrap for ``launch`` with only SANDBOX_ENV and a fresh session keyring (as ``uid``
     unless None), move it into ``cgroup`` while it still waits for its options, hand them over."""
     try:
-        popen = _SPAWNERS.submit(_popen, launch, uid, fds).result()
+        popen = _spawner_threads().submit(_popen, launch, uid, fds).result()
     except BaseException:
         launch.close()
         raise

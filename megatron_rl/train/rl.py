@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
+from megatron_rl.rollout import weight_group
 from megatron_rl.train import rl_report as report
 from megatron_rl.train.controller import Controller
 from megatron_rl.train.dist_batches import (
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 def train_rl(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) RL training; returns the summary also written to summary.json."""
     check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.rollout.sglang.weight_sync == "distributed":  # before any process group exists
+        weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
     stop = report.PreemptionFlag()
     rt = setup_run(cfg, "rl")

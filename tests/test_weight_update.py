@@ -172,6 +172,7 @@ def test_a_server_readded_during_a_broadcast_catches_up_from_disk(
         sd2 = _perturbed(model, 4)
         engine.update_weights(sd2)
         assert fleet.servers[0].restarts >= 1
+        engine.versions.join()  # the record (and the catch-up) run in the background
         _assert_servers_hold(fleet, sd2)  # the re-added server too
         assert _logprob_mismatch(engine, model, sd2) < 1e-4
     finally:

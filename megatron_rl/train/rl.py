@@ -8,13 +8,15 @@ optimizer step (``rl_step``), the weight export (``megatron_rl/model/export``) a
 trains on its data-parallel share; docs/distributed.md has the table of who does what.
 Re-running the same command resumes from the newest checkpoint, the W&B run included.
 SIGTERM/SIGUSR1 (Slurm preemption) on any rank checkpoints at the end of the current step and
-exits so the job can be requeued.
+exits so the job can be requeued; while steps outlast the time the launcher leaves between the
+signal and the kill (``checkpoint.preempt_grace_s``), every step is checkpointed instead.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -57,6 +59,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         total=cfg.train.steps,
     )
     carry = report.Timer()  # a step's clock starts where the previous step's metrics were taken
+    ckpt_s = 0.0  # how long the last checkpoint took
     for step in bar:
         t = carry
         sd = None  # this step's HF state dict, gathered once for the sync and the checkpoint
@@ -88,9 +91,13 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
-        if last or stopping or every:
+        # a step too long to finish between a signal and the kill: keep a checkpoint per step
+        unsafe = agree_any(report.outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
+        if last or stopping or every or unsafe:
             with carry("checkpoint"):
+                t_ckpt = time.time()
                 save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
+                ckpt_s = time.time() - t_ckpt
         if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
             return _finish(rt, ctl, step)

@@ -17,7 +17,7 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
   scheduler accepts them; SFT's ``sft.data`` file exists;
 * the rollout engine: registered, its package importable, and for ``sglang`` a configured URL
   that something answers at (rank 0 only, the one process that talks to servers): an
-  unreachable router fails here within ``rollout.sglang.connect_timeout_s``, in one line.
+  unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line.
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
 tokenizer are read), so it costs well under a second on the demo.
@@ -36,6 +36,7 @@ from typing import Any
 from megatron_rl.config import RunConfig, validate
 from megatron_rl.model.config import ModelConfig
 
+REACH_WINDOW_S = 5.0  # how long start-up tries to reach rollout.urls[0] before failing
 # Engines whose Python package must import for them to start (engine name -> module).
 _ENGINE_PACKAGES = {"vllm": "vllm"}
 
@@ -133,8 +134,16 @@ def check_engine(cfg: RunConfig) -> None:
         raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
     if name == "sglang" and not cfg.rollout.urls:
         raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")
-    if name == "sglang" and os.environ.get("RANK", "0") == "0":
-        check_reachable(cfg.rollout.urls[0], cfg.rollout.sglang.connect_timeout_s)
+    check_rollout_reachable(cfg)
+
+
+def check_rollout_reachable(cfg: RunConfig) -> None:
+    """For ``rollout.engine=sglang``, on rank 0: :func:`check_reachable` on ``rollout.urls[0]``.
+    Cheap to import and run, so ``megatron-rl train`` calls it before loading torch."""
+    if cfg.rollout.engine == "sglang" and cfg.rollout.urls and os.environ.get("RANK", "0") == "0":
+        check_reachable(
+            cfg.rollout.urls[0], min(REACH_WINDOW_S, cfg.rollout.sglang.connect_timeout_s)
+        )
 
 
 def check_reachable(url: str, within_s: float) -> None:
@@ -149,9 +158,10 @@ def check_reachable(url: str, within_s: float) -> None:
             return  # it answered
         except (urllib.error.URLError, OSError, ValueError) as e:
             why = getattr(e, "reason", e)
-        if time.monotonic() >= deadline:
+        refused = isinstance(why, ConnectionRefusedError)  # nothing listens: no need to wait
+        if time.monotonic() >= (deadline - within_s / 2 if refused else deadline):
             raise ValueError(
-                f"rollout.urls[0]={url} is unreachable ({why}) after {within_s:.0f} s; start "
+                f"rollout.urls[0]={url} is unreachable ({why}); start "
                 "the router and servers first, or fix rollout.urls"
             )
         time.sleep(0.5)

@@ -1,0 +1,143 @@
+"""A rollout server dies in the middle of a distributed weight broadcast: one retry, not a stall.
+
+Real processes throughout: the trainer is `megatron-rl train` under torchrun (2 gloo ranks,
+rank 0 the controller), talking to the real sglang-router in front of two embedded servers
+(`megatron-rl serve --engine hf`) that :class:`launch.servers.Fleet` supervises, with
+``weight_sync: distributed`` (the group built as SGLang builds it, gloo instead of NCCL).
+
+How the death is placed: server 0 runs through a wrapper that, on the second bucket of weight
+version 3 (a training step's sync), exits at once, with rank 0 and the other server already in
+that bucket's broadcast. Before the fix the survivor sat in the broken group until
+``group_timeout_s``; now rank 0 aborts its end, leaves the dead member out, sends the version
+again to the survivor, and the fleet's restart of the dead one catches up from the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from launch.servers import Fleet, Proc, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+DYING_SERVER = textwrap.dedent(
+    """
+    # `megatron-rl serve`, except that it exits in the middle of one broadcast (test only)
+    import os, sys
+    from pathlib import Path
+    from megatron_rl.rollout import server_weights
+
+    mark = Path(sys.argv[1])
+    real = server_weights.WeightReceiver.update_from_distributed
+    seen = {}
+
+    async def dying(self, request):
+        body = await request.json()  # aiohttp keeps the body: the handler reads it again
+        key = (body.get("group_name"), body.get("weight_version"))
+        seen[key] = seen.get(key, 0) + 1
+        if key[1] == "3" and seen[key] == 2 and not mark.exists():
+            mark.write_text(str(os.getpid()))
+            os._exit(9)  # rank 0 and the other server are in this bucket's broadcast now
+        return await real(self, request)
+
+    server_weights.WeightReceiver.update_from_distributed = dying
+    from launch.cli import main
+    sys.exit(main(sys.argv[2:]))
+    """
+)
+
+
+class DyingFleet(Fleet):
+    """Server 0 runs through :data:`DYING_SERVER`; the rest as usual."""
+
+    wrapper: Path
+    mark: Path
+
+    def server_cmd(self, p: Proc) -> list[str]:
+        cmd = super().server_cmd(p)
+        if p is not self.servers[0]:
+            return cmd
+        return [sys.executable, str(self.wrapper), str(self.mark), *cmd[3:]]  # after -m launch.cli
+
+
+def _micro(tmp: Path, steps: int) -> list[str]:
+    from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+
+    model = make_tiny_qwen2(tmp / "model", "test", seed=0)
+    words = ["cats", "dogs", "rain", "sun", "tea", "maps", "jazz", "snow"] * 2  # 16 tasks
+    rows = [{"prompt": f"Say something about {w}. #{i}", "gold": "a", "verifier": "regex",
+             "pattern": "[\\s\\S]*[a-m][\\s\\S]*"} for i, w in enumerate(words)]  # fmt: skip
+    tasks = tmp / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [
+        f"output_dir={tmp / 'runs'}", "run_name=job", f"model.hf_path={model}",
+        f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", "domains.exclude=[]",
+        f"train.steps={steps}", "train.threads=1", "train.lr=0.01", "rl.prompts_per_step=4",
+        "rl.group_size=4", "rl.eval_samples_per_domain=4", "rl.eval_every=0",
+        "rollout.max_new_tokens=8", "tracking.wandb=disabled", "tracking.progress=false",
+        "checkpoint.every=0", "scheduler.filter_zero_variance=false", "scheduler.oversample=1.0",
+    ]  # fmt: skip
+
+
+def _supervise(fleet: Fleet, stop: threading.Event) -> None:
+    while not stop.wait(0.3):
+        fleet.check()
+
+
+def test_server_death_mid_broadcast_costs_one_retry(tmp_path: Path) -> None:
+    steps = 5
+    micro = _micro(tmp_path, steps)
+    fleet = DyingFleet(
+        tmp_path / "fleet", str(tmp_path / "model"), 2, engine="hf", router_port=free_port(),
+        health_timeout_s=240, sync_dir=str(tmp_path / "sync"),
+        server_args=["rollout.sglang.bucket_timeout_s=10"],
+    )  # fmt: skip
+    fleet.wrapper, fleet.mark = tmp_path / "dying_server.py", tmp_path / "died"
+    fleet.wrapper.write_text(DYING_SERVER)
+    stop = threading.Event()
+    with fleet:
+        supervisor = threading.Thread(target=_supervise, args=(fleet, stop), daemon=True)
+        supervisor.start()
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "launch.cli", "train", str(REPO / "configs" / "demo_cpu.yaml"), *micro,
+            "rollout.engine=sglang", f"rollout.urls=[{fleet.router_url}]",
+            "rollout.sync_mode=memory", "rollout.sglang.weight_sync=distributed",
+            f"rollout.sglang.master_port={free_port()}", "rollout.sglang.bucket_mb=1",
+            "rollout.sglang.bucket_timeout_s=10",
+            "rollout.sglang.group_timeout_s=60", f"rollout.sync_dir={tmp_path / 'sync'}",
+        ]  # fmt: skip
+        t0 = time.monotonic()
+        try:
+            env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+            env |= {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=800, cwd=REPO,
+                                 env=env)  # fmt: skip
+        finally:
+            stop.set()
+            supervisor.join(10)
+        wall = time.monotonic() - t0
+        restarts = fleet.servers[0].restarts
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    assert fleet.mark.exists(), "the server never died in a broadcast"
+    assert restarts == 1
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "job" / "metrics.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    rows = [r for r in rows if "rollout/samples" in r]
+    assert [r["step"] for r in rows] == list(range(steps)), [r["step"] for r in rows]
+    assert all(r["rollout/samples"] == 16 for r in rows)
+    sync_s = [r["time/sync_s"] for r in rows]
+    assert max(sync_s) < 30, sync_s  # no step waited out a group timeout
+    assert rows[-1]["rollout/sglang/weight_retries"] >= 1  # the death cost a retry ...
+    assert "rebuilding the group" in log and "do not answer: left out of the group" in log
+    worst = [r["mismatch/logp_abs_max"] for r in rows[2:]]  # steps after the restart
+    assert max(worst) < 1e-3, worst  # ... and the restarted server caught up
+    assert wall < 600, wall

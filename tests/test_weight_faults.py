@@ -99,6 +99,10 @@ def test_server_death_mid_broadcast_costs_one_retry(tmp_path: Path) -> None:
         health_timeout_s=240, sync_dir=str(tmp_path / "sync"),
         server_args=["rollout.sglang.bucket_timeout_s=10"],
     )  # fmt: skip
+    # the dying server gets group rank 1 (members are sorted by URL): gloo's broadcast tree
+    # sends to rank 1 first, so its death leaves rank 2 blocked in the receive (the stall)
+    ports = sorted((free_port(), free_port()), key=str)
+    fleet.servers[0].port, fleet.servers[1].port = ports
     fleet.wrapper, fleet.mark = tmp_path / "dying_server.py", tmp_path / "died"
     fleet.wrapper.write_text(DYING_SERVER)
     stop = threading.Event()

@@ -145,3 +145,68 @@ def test_server_death_mid_broadcast_costs_one_retry(tmp_path: Path) -> None:
     worst = [r["mismatch/logp_abs_max"] for r in rows[2:]]  # steps after the restart
     assert max(worst) < 1e-3, worst  # ... and the restarted server caught up
     assert wall < 600, wall
+
+
+def _join(url: str, store: object, name: str):  # type: ignore[no-untyped-def]
+    """Rank 0 (this process) and the server (rank 1, another process) build group ``name``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from launch.servers import http
+    from megatron_rl.rollout import weight_group
+
+    port = store.port  # type: ignore[attr-defined]
+    body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+            "world_size": 2, "group_name": name, "backend": "gloo"}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http, "POST", f"{url}/init_weights_update_group", body, 60)
+        pg = weight_group.trainer_group(store, 2, name, "gloo")
+        assert answer.result()[0] == 200, answer.result()
+    return pg
+
+
+def _bucket(url: str, name: str, timeout: float) -> tuple[int, float]:
+    from launch.servers import http
+
+    body = {"names": ["w"], "dtypes": ["float32"], "shapes": [[4]], "group_name": name,
+            "flush_cache": False}  # fmt: skip
+    t0 = time.monotonic()
+    status, _ = http("POST", f"{url}/update_weights_from_distributed", body, timeout)
+    return status, time.monotonic() - t0
+
+
+def test_a_survivor_leaves_a_stale_group_on_a_new_init_or_after_the_bucket_timeout(
+    tmp_path: Path,
+) -> None:
+    """The server (a `megatron-rl serve` process) sits in the receive of a bucket that rank 0
+    never broadcasts (another member died). Rank 0 aborts its end and builds a new group: the
+    stale receive fails at once and the server joins the new group. Where rank 0 aborts nothing,
+    the server's per-bucket timeout (8 s) ends the wait. Before, it waited out the group's own
+    timeout (30 min by default)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from megatron_rl.rollout import weight_group
+    from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+
+    model = make_tiny_qwen2(tmp_path / "m", "test", seed=0)
+    fleet = Fleet(tmp_path / "f", str(model), 1, engine="hf", health_timeout_s=240,
+                  server_args=["rollout.sglang.bucket_timeout_s=8"])  # fmt: skip
+    store = weight_group.host_store("127.0.0.1", free_port())
+    with fleet, ThreadPoolExecutor(2) as pool:
+        url = fleet.servers[0].url
+        old = _join(url, store, "g-old")
+        stuck = pool.submit(_bucket, url, "g-old", 60)
+        time.sleep(1.0)  # the server is in the receive now
+        t0 = time.monotonic()
+        weight_group.destroy(old)  # what rank 0 does after a fault: abort its end ...
+        _join(url, store, "g-new")  # ... and build a new group
+        status, _ = stuck.result(timeout=60)
+        assert status == 400 and time.monotonic() - t0 < 6, time.monotonic() - t0
+        status, took = _bucket(url, "g-new", 60)  # never broadcast: the bucket timeout
+        assert status == 400 and 7 < took < 20, took
+        pg = _join(url, store, "g-last")  # and a group built after that works
+        answer = pool.submit(_bucket, url, "g-last", 60)
+        time.sleep(0.5)
+        weight_group.broadcast_bucket(pg, [torch.arange(4.0)], "cpu")
+        assert answer.result(timeout=60)[0] == 200

@@ -53,6 +53,7 @@ class WeightReceiver:
         self.server = server
         self.timeout = datetime.timedelta(seconds=bucket_timeout_s)  # per bucket and per join
         self.groups: dict[str, Any] = {}  # group name -> process group
+        self.left: dict[str, asyncio.Event] = {}  # group name -> set when the server left it
         self.staged: dict[str, Tensor] = {}  # received, not yet applied
         self.held: dict[str, Tensor] | None = None  # the full weights the engine holds
         self.held_path = server.model_path  # where they came from (None once updated)
@@ -114,6 +115,7 @@ class WeightReceiver:
         for name, pg in list(self.groups.items()):
             log.warning("leaving weight-update group %s: %s", name, why)
             self.groups.pop(name, None)
+            self.left.pop(name, asyncio.Event()).set()  # a receive in it stops waiting
             weight_group.destroy_later(pg)
 
     async def update_from_distributed(self, request: web.Request) -> web.Response:
@@ -139,8 +141,9 @@ class WeightReceiver:
         drops the group: rank 0 builds a new one, which this server then joins."""
         loop = asyncio.get_running_loop()
         pg = self.groups[name]
+        left = self.left.setdefault(name, asyncio.Event())
         try:
-            got = await loop.run_in_executor(
+            receive = loop.run_in_executor(
                 self.thread,
                 weight_group.receive_bucket,
                 pg,
@@ -150,6 +153,13 @@ class WeightReceiver:
                 "cpu",
                 self.timeout,
             )
+            leaving: asyncio.Future[Any] = asyncio.ensure_future(left.wait())
+            waits: set[asyncio.Future[Any]] = {receive, leaving}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            leaving.cancel()
+            if not receive.done():  # a gloo receive cannot be interrupted: its thread waits
+                raise RuntimeError(f"left group {name!r}: a new group is being built")
+            got = receive.result()
         except Exception:
             self.groups.pop(name, None)
             weight_group.destroy_later(pg)

@@ -34,6 +34,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-WHEELS = ROOT / "gpu_wheels"
+WHEELS = Path(os.environ.get("GPU_CHECK_WHEELS", str(ROOT / "gpu_wheels")))  # make gpu-wheels
 sys.path.insert(0, str(ROOT))
 
 

@@ -119,6 +119,9 @@ def test_broadcast_reaches_both_servers_and_a_restarted_server_rejoins(
 ) -> None:
     # torchrun sets this in every worker: rank 0 must still serve the store (weight_group doc).
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    seeds = [json.loads(http("GET", f"{p.url}/get_server_info")[1])["random_seed"]
+             for p in fleet.servers]  # fmt: skip
+    assert seeds == [p.seed for p in fleet.servers] and len(set(seeds)) == 2  # one each
     engine = _engine(fleet, model)
     try:
         sd1 = _perturbed(model, 1)

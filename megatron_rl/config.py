@@ -13,6 +13,8 @@ bottom-up, after the whole tree is built.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import sys
 import types
 import typing
 from pathlib import Path
@@ -241,7 +243,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def gpu_dtype_defaults(data: dict[str, Any]) -> None:
     """On a CUDA machine, ``model.dtype`` and ``rollout.dtype`` default to bfloat16 (the TE
-    THD attention path has no fp32 kernel; SGLang serves bf16); set them to keep fp32."""
+    THD attention path has no fp32 kernel; SGLang serves bf16); set them to keep fp32.
+    Without an NVIDIA driver torch is not even imported (a CLI that fails on its config, or on
+    an unreachable router, answers in seconds)."""
+    if "torch" not in sys.modules and not glob.glob("/dev/nvidia[0-9]*"):
+        return
     import torch
 
     if not torch.cuda.is_available():

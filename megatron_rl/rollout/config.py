@@ -21,10 +21,20 @@ class SGLangConfig:
     master_addr: str = ""  # distributed sync: address of trainer rank 0 ('' -> this host)
     master_port: int = 29600  # distributed sync: TCP port of the weight-update process group
     engine_tp: int = 0  # distributed sync: ranks per server (0: slurm.gpus_per_server, else 1)
-    group_timeout_s: float = 600.0  # distributed sync: rendezvous/broadcast timeout, seconds
+    group_timeout_s: float = 120.0  # distributed sync: group rendezvous timeout, seconds
+    bucket_timeout_s: float = 60.0  # distributed sync: most seconds one bucket's broadcast may
+    # take (both ends); a server that died or never joined costs this, then a rebuild
     group_retries: int = 3  # distributed sync: rebuilds of a group that failed to form
     record_weights: bool = True  # distributed sync: also write each version to sync_dir, so a
-    # restarted server loads it before it takes traffic (sglang_weights.py)
+    # restarted server loads it before it takes traffic (written in the background)
+    deterministic: bool = False  # servers honour each sample's sampling_seed (SGLang's
+    # --enable-deterministic-inference, slower on GPUs); off: each server's own seeded stream
+    router_policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = (
+        "cache_aware"  # sglang-router --policy (docs/serving.md has the measurement)
+    )
+    health_check_timeout_s: float = 300.0  # how long a health check may wait for a server
+    # (router and SGLANG_HEALTH_CHECK_TIMEOUT): longer than the longest weight update, which
+    # holds the server's update lock that the one-token check waits on
 
     def validate(self) -> None:
         if self.max_concurrency < 1:
@@ -39,6 +49,9 @@ class SGLangConfig:
             raise ValueError(
                 "rollout.sglang.engine_tp and group_retries must be >= 0, group_timeout_s > 0"
             )
+        for key in ("bucket_timeout_s", "health_check_timeout_s", "connect_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"rollout.sglang.{key} must be > 0, got {getattr(self, key)}")
 
     def ranks_per_server(self) -> int:
         """Ranks one server holds in the weight-update group (engine_tp, 1 when unset)."""

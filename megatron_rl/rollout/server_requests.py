@@ -22,14 +22,17 @@ rejected by the schema (:mod:`.sglang_schema`) with the field named.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from megatron_rl.rollout import sglang_schema
-from megatron_rl.rollout.base import GenRequest, SamplingParams, check_request
+from megatron_rl.rollout.base import Completion, GenRequest, SamplingParams, check_request
 
 _TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
 _GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a lower temperature means greedy
@@ -183,3 +186,53 @@ def _rids(rid: Any, n_prompts: int, single: bool) -> list[str]:
     if single:
         return [rid or uuid.uuid4().hex]
     return [f"{rid}-{i}" if rid else uuid.uuid4().hex for i in range(n_prompts)]
+
+
+# ---- responses --------------------------------------------------------------------------
+def completion_to_sglang(
+    c: Completion, rid: str, prompt_len: int, return_logprob: bool, weight_version: str
+) -> dict[str, Any]:
+    """One SGLang ``/generate`` output object for one completion."""
+    finish: dict[str, Any]
+    if c.finish_reason == "length":
+        finish = {"type": "length", "length": len(c.token_ids)}
+    elif c.finish_reason == "abort":
+        finish = {"type": "abort", "message": "aborted"}
+    else:
+        finish = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_len,
+        "completion_tokens": len(c.token_ids),
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids, strict=True)
+        ]
+    return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
+
+
+def aborted(n: int) -> list[Completion]:
+    return [Completion(token_ids=[], text="", logprobs=[], finish_reason="abort")] * n
+
+
+async def stream_response(request: web.Request, outs: list[dict[str, Any]]) -> web.StreamResponse:
+    """``stream: true`` as SGLang answers it (sglang/srt/entrypoints/http_server.py,
+    ``generate_request``): ``text/event-stream`` of ``data: <output JSON>`` events, then
+    ``data: [DONE]``. The engine finishes a batch at once, so each output is one event holding
+    its whole text, token ids and log-probs (SGLang's last, cumulative chunk)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for out in outs:
+        await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """SGLang's error body: ``{"error": {"message": ...}}``."""
+    return web.json_response({"error": {"message": message}}, status=status)

@@ -41,7 +41,7 @@ from typing import Any
 
 import jsonschema
 
-SGLANG_SOURCE = "sgl-project/sglang io_struct.py@001067ff, sampling_params.py@00c17caf (0.5.x)"
+SGLANG_SOURCE = "sglang 0.5.23 io_struct.py / sampling_params.py (tests/test_sglang_io_struct.py)"
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -123,11 +123,13 @@ _GENERATE_OTHER = (
     "return_routed_experts routed_experts_start_len return_indexer_topk modalities "
     "session_params lora_path lora_id custom_logit_processor positional_embed_overrides "
     "bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key decode_tp_size "
-    "routed_dp_rank data_parallel_rank disagg_prefill_dp_rank kv_router_hint routing_key "
+    "routed_dp_rank data_parallel_rank disagg_prefill_dp_rank routing_key "
     "conversation_id http_worker_ipc background require_reasoning max_thinking_tokens priority "
     "extra_key no_logs custom_labels return_bytes return_entropy return_prompt_token_ids "
     "external_trace_header received_time need_wait_for_mm_inputs num_items_assigned "
-    "encoder_urls max_dynamic_patch min_dynamic_patch image_max_dynamic_patch "
+    "encoder_urls max_dynamic_patch min_dynamic_patch image_max_dynamic_patch kv_hints "
+    "mm_processor_kwargs return_flat_raw_output_top_logprobs sampling_logprobs_mode "
+    "token_indices_to_pool watermark "
     "video_max_dynamic_patch images_config multi_item_delimiter_indices cache_salt"
 ).split()
 GENERATE_REQUEST = _obj({**_GENERATE_USED, **{k: _ANY for k in _GENERATE_OTHER}})
@@ -191,6 +193,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "abort_all": _BOOL,
             "finished_reason": _opt({"type": "object"}),
             "abort_message": _opt(_STR),
+            "weight_versions": _ANY,  # 0.5.23: abort only requests of these versions
         }
     ),
     "update_weights_from_disk": _obj(
@@ -230,6 +233,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "abort_all_requests": _BOOL,
             "weight_version": _opt(_STR),
             "load_format": _opt(_STR),
+            "selector": _ANY,  # 0.5.23: which weights of a multi-model server (unchecked)
             "torch_empty_cache": _BOOL,
         },
         ("names", "dtypes", "shapes"),

@@ -102,3 +102,11 @@ class CheckpointConfig:
     every: int = 10  # optimizer steps between checkpoints (0: only at the end)
     keep: int = 2  # most recent checkpoints kept
     resume: bool = True  # resume from the newest checkpoint in the run directory if present
+    preempt_grace_s: float = 0.0  # seconds between a preemption signal and the kill (the Slurm
+    # script passes torchrun's --shutdown-timeout); while a step plus its checkpoint takes more
+    # than 3/4 of it, every step is checkpointed, so the kill finds one. 0: not known
+
+    def validate(self) -> None:
+        for key in ("every", "keep", "preempt_grace_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"checkpoint.{key} must be >= 0, got {getattr(self, key)}")

@@ -15,7 +15,9 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
 * the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
   empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
   scheduler accepts them; SFT's ``sft.data`` file exists;
-* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL.
+* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL
+  that something answers at (rank 0 only, the one process that talks to servers): an
+  unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line.
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
 tokenizer are read), so it costs well under a second on the demo.
@@ -25,12 +27,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from megatron_rl.config import RunConfig, validate
 from megatron_rl.model.config import ModelConfig
 
+REACH_WINDOW_S = 5.0  # how long start-up tries to reach rollout.urls[0] before failing
 # Engines whose Python package must import for them to start (engine name -> module).
 _ENGINE_PACKAGES = {"vllm": "vllm"}
 
@@ -128,3 +134,34 @@ def check_engine(cfg: RunConfig) -> None:
         raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
     if name == "sglang" and not cfg.rollout.urls:
         raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")
+    check_rollout_reachable(cfg)
+
+
+def check_rollout_reachable(cfg: RunConfig) -> None:
+    """For ``rollout.engine=sglang``, on rank 0: :func:`check_reachable` on ``rollout.urls[0]``.
+    Cheap to import and run, so ``megatron-rl train`` calls it before loading torch."""
+    if cfg.rollout.engine == "sglang" and cfg.rollout.urls and os.environ.get("RANK", "0") == "0":
+        check_reachable(
+            cfg.rollout.urls[0], min(REACH_WINDOW_S, cfg.rollout.sglang.connect_timeout_s)
+        )
+
+
+def check_reachable(url: str, within_s: float) -> None:
+    """Something answers HTTP at ``url`` (any status: a router still waiting for its servers
+    is reachable) within ``within_s`` seconds; otherwise one ``ValueError`` naming the key."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=min(3.0, within_s)):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            why = getattr(e, "reason", e)
+        refused = isinstance(why, ConnectionRefusedError)  # nothing listens: no need to wait
+        if time.monotonic() >= (deadline - within_s / 2 if refused else deadline):
+            raise ValueError(
+                f"rollout.urls[0]={url} is unreachable ({why}); start "
+                "the router and servers first, or fix rollout.urls"
+            )
+        time.sleep(0.5)

@@ -173,6 +173,26 @@ class PreemptionFlag:
         self.requested = True
 
 
+GRACE_SHARE = 0.75  # a step plus its checkpoint must fit in this share of the grace period
+_warned_grace: set[int] = set()
+
+
+def outlasts_grace(cfg: Any, step_s: float, ckpt_s: float, step: int) -> bool:
+    """This step plus a checkpoint takes longer than ``checkpoint.preempt_grace_s`` allows:
+    a signal in the next step could not be answered with a checkpoint before the kill."""
+    grace = cfg.checkpoint.preempt_grace_s
+    if not grace or step_s + ckpt_s <= GRACE_SHARE * grace:
+        return False
+    if not _warned_grace:
+        log.warning(
+            "step %d took %.1f s (+ %.1f s checkpoint), more than %.0f%% of "
+            "checkpoint.preempt_grace_s=%.0f: checkpointing every step while that lasts",
+            step, step_s, ckpt_s, 100 * GRACE_SHARE, grace,
+        )  # fmt: skip
+        _warned_grace.add(step)
+    return True
+
+
 def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:
     """A few trajectories per log as a W&B table (and samples.jsonl)."""
     k = rt.cfg.tracking.samples_per_log

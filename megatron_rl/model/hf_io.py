@@ -6,10 +6,12 @@ exactly, instead of converting into a silently different model); weights in
 ``model.safetensors`` or sharded with ``model.safetensors.index.json``; tokenizer files copied
 alongside.
 
-Megatron side (what ``convert hf-to-megatron --tp N --pp M`` writes)::
+Megatron side (what ``convert hf-to-megatron --tp N --pp M [--ep E --etp T]`` writes)::
 
-    OUT/megatron_rl_meta.json             format version, tp, pp, spec, ModelConfig, HF config
+    OUT/megatron_rl_meta.json             format version, tp, pp, ep, etp, spec, ModelConfig,
+                                          HF config
     OUT/mp_rank_{tp:02d}_{pp:03d}/model.safetensors   GPTModel.state_dict() of that rank
+    OUT/mp_rank_{tp:02d}_{pp:03d}_{ep:03d}/...        the same, per EP rank, when ep > 1
     OUT/tokenizer.json ...                tokenizer files of the source, so the way back keeps them
 
 It is our own format (not Megatron's ``torch_dist``), so it does not depend on the megatron-core
@@ -37,7 +39,7 @@ from torch import Tensor
 from megatron_rl.dataclass_io import from_dict, to_dict
 from megatron_rl.model.arch import hf_config_from_model_config, model_config_from_hf
 from megatron_rl.model.config import ModelConfig
-from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout
+from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout, shard_key
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -240,13 +242,19 @@ def save_hf(
 # Megatron checkpoint directories (one safetensors file per rank)
 
 
-def rank_file(ckpt_dir: Path, tp_rank: int, pp_rank: int) -> Path:
-    return ckpt_dir / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}" / "model.safetensors"
+def rank_file(ckpt_dir: Path, tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> Path:
+    """``mp_rank_{tp:02d}_{pp:03d}[_{ep:03d}]/model.safetensors`` (the EP part when ep > 1)."""
+    ep = "" if ep_rank is None else f"_{ep_rank:03d}"
+    return ckpt_dir / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}{ep}" / "model.safetensors"
+
+
+def _file_of(ckpt_dir: Path, key: tuple[int, ...]) -> Path:
+    return rank_file(ckpt_dir, key[0], key[1], key[2] if len(key) == 3 else None)
 
 
 def save_megatron_dir(
     out_dir: str | os.PathLike[str],
-    shards: dict[tuple[int, int], dict[str, Tensor]],
+    shards: dict[tuple[int, ...], dict[str, Tensor]],
     cfg: ModelConfig,
     tp: int,
     pp: int,
@@ -254,26 +262,30 @@ def save_megatron_dir(
     hf_config: dict[str, Any] | None = None,
     tokenizer_from: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    ep: int = 1,
+    etp: int = 0,
 ) -> Path:
-    """Write ``shards`` (keyed ``(tp_rank, pp_rank)``) and the metadata to ``out_dir``."""
-    check_layout(cfg, tp, pp)
-    missing = [(t, p) for p in range(pp) for t in range(tp) if (t, p) not in shards]
+    """Write ``shards`` (keyed by ``convert.shard_key``) and the metadata to ``out_dir``."""
+    check_layout(cfg, tp, pp, ep, etp)
+    keys = [shard_key(t, p, e, ep) for p in range(pp) for e in range(ep) for t in range(tp)]
+    missing = [k for k in keys if k not in shards]
     if missing:
-        raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank): {missing}")
-    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "spec": spec,
-            "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
+        raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank[, ep_rank]): {missing}")
+    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "ep": ep, "etp": etp or tp,
+            "spec": spec, "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
     with atomic_dir(out_dir, overwrite) as tmp:
-        for (t, p), shard in shards.items():
-            path = rank_file(tmp, t, p)
+        for key in keys:
+            path = _file_of(tmp, key)
             path.parent.mkdir()
-            _save_safetensors(path, shard)
+            _save_safetensors(path, shards[key])
         copy_tokenizer_files(tokenizer_from, tmp)
         _write_json(tmp / META_FILE, meta)
     return Path(out_dir)
 
 
 def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], ModelConfig]:
-    """Validated ``megatron_rl_meta.json`` and its :class:`ModelConfig`."""
+    """Validated ``megatron_rl_meta.json`` and its :class:`ModelConfig` (``ep``/``etp`` filled
+    in for directories written before expert parallelism: 1 and ``tp``)."""
     d = _existing_dir(ckpt_dir, "Megatron checkpoint")
     path = d / META_FILE
     meta = read_json(path)
@@ -283,8 +295,9 @@ def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any]
     try:
         cfg = from_dict(ModelConfig, meta["model"], prefix="model")
         tp, pp = int(meta["tp"]), int(meta["pp"])
+        meta["ep"], meta["etp"] = int(meta.get("ep", 1)), int(meta.get("etp", tp))
         cfg.validate()
-        check_layout(cfg, tp, pp)
+        check_layout(cfg, tp, pp, meta["ep"], meta["etp"])
     except KeyError as e:
         raise ValueError(f"{path}: missing key {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:
@@ -296,13 +309,11 @@ def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any]
 
 def load_megatron_dir(
     ckpt_dir: str | os.PathLike[str],
-) -> tuple[dict[tuple[int, int], dict[str, Tensor]], ModelConfig, dict[str, Any]]:
+) -> tuple[dict[tuple[int, ...], dict[str, Tensor]], ModelConfig, dict[str, Any]]:
     """Read a directory written by :func:`save_megatron_dir`: ``(shards, cfg, meta)``."""
     meta, cfg = load_megatron_meta(ckpt_dir)
     d = Path(ckpt_dir)
-    shards = {
-        (t, p): _load_safetensors(rank_file(d, t, p))
-        for p in range(meta["pp"])
-        for t in range(meta["tp"])
-    }
-    return shards, cfg, meta
+    ep = meta["ep"]
+    keys = [shard_key(t, p, e, ep) for p in range(meta["pp"]) for e in range(ep)
+            for t in range(meta["tp"])]  # fmt: skip
+    return {k: _load_safetensors(_file_of(d, k)) for k in keys}, cfg, meta

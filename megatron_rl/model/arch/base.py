@@ -25,6 +25,7 @@ halves.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
@@ -42,6 +43,25 @@ NORM_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class RankShard:
+    """Which slice of the model one rank holds: its TP rank and, for experts, its EP rank.
+
+    ``etp`` (1 or ``tp``) splits each expert: with ``etp == tp`` a rank holds TP slice
+    ``tp_rank`` of its experts, with ``etp == 1`` whole experts.
+    """
+
+    tp: int = 1  # tensor-parallel degree
+    tp_rank: int = 0
+    ep: int = 1  # expert-parallel degree
+    ep_rank: int = 0
+    etp: int = 1  # tensor-parallel degree inside an expert (1 or tp)
+
+    @property
+    def etp_rank(self) -> int:
+        return self.tp_rank if self.etp > 1 else 0
+
+
 class ShardReader(Protocol):
     """What a family reads Megatron tensors through (``convert._Shards``)."""
 
@@ -53,6 +73,10 @@ class ShardReader(Protocol):
 
     def one(self, name: str) -> Tensor:
         """A tensor replicated over TP (rank 0's)."""
+        ...
+
+    def experts(self, name: str) -> list[list[Tensor]]:
+        """An expert tensor from every EP rank (outer) and expert-TP rank (inner)."""
         ...
 
 
@@ -83,6 +107,7 @@ class DenseFamily:
     model_type = ""  # HF model_type
     qkv_bias = False  # the HF architecture biases q/k/v (and nothing else)
     qk_norm = False  # RMSNorm on every query / key head before RoPE
+    free_head_dim = False  # HF head_dim may differ from hidden_size / num_attention_heads
 
     # ------------------------------------------------------------------ config.json
 
@@ -91,7 +116,10 @@ class DenseFamily:
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={config['hidden_act']!r} is not supported; only 'silu'")
         heads = config["num_attention_heads"]
-        if config.get("head_dim") not in (None, config["hidden_size"] // heads):
+        if not self.free_head_dim and config.get("head_dim") not in (
+            None,
+            config["hidden_size"] // heads,
+        ):
             raise ValueError(f"head_dim={config['head_dim']} != hidden_size / num_attention_heads "
                              "is not supported")  # fmt: skip
 
@@ -99,6 +127,7 @@ class DenseFamily:
         """:class:`ModelConfig` keyword arguments read from an HF ``config.json`` dict."""
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
         heads = int(config["num_attention_heads"])
+        head_size = int(config.get("head_dim") or 0) if self.free_head_dim else 0
         return dict(
             arch=self.arch,
             num_layers=int(config["num_hidden_layers"]),
@@ -106,6 +135,7 @@ class DenseFamily:
             ffn_hidden_size=int(config["intermediate_size"]),
             num_attention_heads=heads,
             num_query_groups=int(config.get("num_key_value_heads") or heads),
+            head_size=head_size,
             vocab_size=int(config["vocab_size"]),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rotary_base=rope_theta(config),
@@ -143,6 +173,10 @@ class DenseFamily:
         """Base ``config.json`` keys that would be stale or contradict ours."""
         return ("rope_scaling",)
 
+    def norm_names(self, spec: str) -> tuple[str, str]:
+        """Megatron names of a layer's attention and MLP input norms under ``spec``."""
+        return NORM_NAMES[spec]
+
     # ------------------------------------------------------------------ layer spec
 
     def spec_options(self, cfg: ModelConfig) -> dict[str, Any]:
@@ -178,20 +212,21 @@ class DenseFamily:
     # ------------------------------------------------------------------ HF -> Megatron
 
     def layer_to_megatron(
-        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, i: int, tp: int, tp_rank: int, spec: Spec
+        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, i: int, rank: RankShard, spec: Spec
     ) -> dict[str, Tensor]:
         """Megatron tensors (names without ``decoder.layers.{j}.``) of HF layer ``i``."""
         h = f"model.layers.{i}."
-        attn_norm, mlp_norm = NORM_NAMES[spec]
+        attn_norm, mlp_norm = self.norm_names(spec)
         out = {attn_norm: hf_sd[h + "input_layernorm.weight"],
                mlp_norm: hf_sd[h + "post_attention_layernorm.weight"]}  # fmt: skip
-        out.update(self.attention_to_megatron(hf_sd, cfg, h + "self_attn.", tp, tp_rank))
-        out.update(self.mlp_to_megatron(hf_sd, cfg, h + "mlp.", tp, tp_rank))
+        out.update(self.attention_to_megatron(hf_sd, cfg, h + "self_attn.", rank))
+        out.update(self.mlp_to_megatron(hf_sd, cfg, h + "mlp.", rank, spec))
         return out
 
     def attention_to_megatron(
-        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, a: str, tp: int, tp_rank: int
+        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, a: str, rank: RankShard
     ) -> dict[str, Tensor]:
+        tp, tp_rank = rank.tp, rank.tp_rank
         kinds = ("weight", "bias") if cfg.qkv_bias else ("weight",)
         out = {}
         for kind in kinds:
@@ -205,9 +240,9 @@ class DenseFamily:
         return out
 
     def mlp_to_megatron(
-        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, m: str, tp: int, tp_rank: int
+        self, hf_sd: dict[str, Tensor], cfg: ModelConfig, m: str, rank: RankShard, spec: Spec
     ) -> dict[str, Tensor]:
-        return swiglu_to_megatron(hf_sd, m, "mlp.", tp, tp_rank)
+        return swiglu_to_megatron(hf_sd, m, "mlp.", rank.tp, rank.tp_rank)
 
     # ------------------------------------------------------------------ Megatron -> HF
 
@@ -217,7 +252,7 @@ class DenseFamily:
         """HF tensors of global layer ``i`` from local layer ``local`` of the stage ``st`` reads."""
         m, h = f"decoder.layers.{local}.", f"model.layers.{i}."
         spec = "te" if st.has(m + NORM_NAMES["te"][0]) else "local"
-        attn_norm, mlp_norm = NORM_NAMES[spec]
+        attn_norm, mlp_norm = self.norm_names(spec)
         out = {h + "input_layernorm.weight": st.one(m + attn_norm),
                h + "post_attention_layernorm.weight": st.one(m + mlp_norm)}  # fmt: skip
         out.update(self.attention_to_hf(st, cfg, m, h + "self_attn."))

@@ -6,9 +6,10 @@ Settings (:func:`transformer_kwargs`), from ``model.moe`` and ``parallel``:
   softmax over the top-k logits, which equals HF's renormalised top-k probabilities), ``False``
   is ``pre_softmax=True``; no token dropping (dropless, as HF), router in the model dtype (as HF).
 * aux loss: Megatron's switch load-balancing loss (``aux_loss`` type) with ``aux_loss_coeff``;
-  z-loss with ``z_loss_coeff``; both off at 0. Megatron attaches them to the router's output,
-  so they add to the gradient without appearing in the RL loss; their values are read from
-  Megatron's aux-loss tracker (:func:`pop_aux_losses`).
+  z-loss with ``z_loss_coeff`` (passed times ``tp``: megatron divides it by the TP size, which
+  is right only with sequence parallelism); both off at 0. Megatron attaches them to the
+  router's output, so they add to the gradient without appearing in the RL loss; their values
+  are read from Megatron's aux-loss tracker (:func:`pop_aux_losses`).
 * dispatcher: ``alltoall`` (default; CPU over gloo and GPU over NCCL: ``all_to_all_single`` with
   uneven splits, which gloo has) or ``allgather`` (one PP stage only: megatron-core refuses it with
   variable sequence lengths). Experts: ``SequentialMLP`` with the local spec (CPU), TE's grouped
@@ -61,7 +62,10 @@ def transformer_kwargs(cfg: ModelConfig, parallel: ParallelConfig) -> dict[str, 
         moe_router_pre_softmax=not moe.norm_topk_prob,
         moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
         moe_aux_loss_coeff=moe.aux_loss_coeff,
-        moe_z_loss_coeff=moe.z_loss_coeff or None,
+        # megatron divides the z-loss weight by the TP size, for sequence parallelism, where each
+        # TP rank holds 1/tp of the tokens and the router's grads are summed over TP; here every
+        # TP rank holds all of them and the router's grads are not summed: undo the division
+        moe_z_loss_coeff=moe.z_loss_coeff * parallel.tp or None,
         moe_shared_expert_intermediate_size=moe.shared_ffn_hidden_size or None,
         moe_shared_expert_gate=moe.shared_expert_gate,
         moe_token_dispatcher_type=moe.dispatcher,
@@ -123,34 +127,35 @@ class RoutingReplay:
 
         self.routers = [m for m in module.modules() if isinstance(m, TopKRouter)]
         self.first_layer, self.cfg = first_layer, cfg
+        self.recording = False
         assert all(r.router_replay is not None for r in self.routers)
 
     def set(self, routes: Tensor | None) -> None:
         """Replay ``routes`` in the next forward: ``[N, L * k]`` rows in the order the routers see
-        the tokens (packed THD: the row's tokens), or None: route freely."""
+        the tokens (packed THD: the row's tokens), or None: route freely (and record the choices
+        if :meth:`record` is on)."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
         for layer, router in enumerate(self.routers):
             replay = router.router_replay
             replay.clear_indices()
             if routes is None:
-                replay.clear_router_replay_action()
+                if self.recording:
+                    replay.set_router_replay_action(RouterReplayAction.RECORD)
+                else:
+                    replay.clear_router_replay_action()
                 continue
             k = self.cfg.moe.topk
             idx = routes.view(routes.shape[0], -1, k)[:, self.first_layer + layer]
             replay.set_target_indices(idx.to(torch.long).contiguous())
             replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
-    def record(self) -> None:
-        """Keep the routers' own choices of the next forward (read them with :meth:`recorded`)."""
-        from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
-        for router in self.routers:
-            router.router_replay.clear_indices()
-            router.router_replay.set_router_replay_action(RouterReplayAction.RECORD)
+    def record(self, on: bool = True) -> None:
+        """While on, forwards that route freely keep their choices (read by :meth:`recorded`)."""
+        self.recording = on
 
     def recorded(self) -> Tensor:
-        """The recorded top-k indices of this stage, ``[N, L_stage, k]``."""
+        """The choices of the last free forward on this stage, ``[N, L_stage, k]``."""
         return torch.stack([r.router_replay.get_recorded_indices() for r in self.routers], dim=1)
 
 

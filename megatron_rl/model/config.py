@@ -37,6 +37,10 @@ class MoEConfig:
         for name in ("aux_loss_coeff", "z_loss_coeff", "shared_ffn_hidden_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"model.moe.{name} must be >= 0, got {getattr(self, name)}")
+        if self.topk == 1 and self.norm_topk_prob:
+            raise ValueError("model.moe.topk=1 with norm_topk_prob=true is not supported (every "
+                             "routing weight would be 1; megatron-core needs the softmax before "
+                             "the top-1); use norm_topk_prob=false")  # fmt: skip
         if self.shared_expert_gate and not self.shared_ffn_hidden_size:
             raise ValueError("model.moe.shared_expert_gate=true needs shared experts "
                              "(model.moe.shared_ffn_hidden_size > 0)")  # fmt: skip

@@ -51,8 +51,9 @@ LAYOUTS = {"ref": (1, 1, 0), "ep2": (1, 2, 0), "ep2tp2": (2, 2, 0), "ep2tp2etp1"
 
 def reference_weights(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {name: (1.0 if name.endswith("norm.weight") else 0.0) + 0.1 * torch.randn(shape, generator=g)
-            for name, shape in sorted(convert.hf_param_shapes(CFG).items())}  # fmt: skip
+    shapes = sorted(convert.hf_param_shapes(CFG).items())
+    return {n: float(n.endswith("norm.weight")) + 0.1 * torch.randn(s, generator=g)
+            for n, s in shapes}  # fmt: skip
 
 
 def fixed_routes(n: int, g: torch.Generator) -> torch.Tensor:

@@ -159,9 +159,10 @@ class RoutingReplay:
         return torch.stack([r.router_replay.get_recorded_indices() for r in self.routers], dim=1)
 
 
-def pop_aux_losses() -> dict[str, float]:
-    """Mean over layers of each MoE aux loss megatron-core tracked since the last call (this rank's
-    view, unscaled by the coefficient), then clear the tracker. Empty when none is on."""
+def pop_aux_losses(micro_batches: int) -> dict[str, float]:
+    """Each MoE aux loss megatron-core tracked since the last call (``moe/load_balancing_loss``,
+    ``moe/z_loss``; unscaled by their weights), averaged over the micro-batches and over this
+    rank's MoE layers, then clear the tracker. Empty when none is on."""
     from megatron.core.transformer.moe.moe_utils import (
         clear_aux_losses_tracker,
         get_moe_layer_wise_logging_tracker,
@@ -170,7 +171,8 @@ def pop_aux_losses() -> dict[str, float]:
     out = {}
     for name, entry in get_moe_layer_wise_logging_tracker().items():
         values = entry.get("values")
-        if values is not None and values.numel():
-            out[f"moe/{name}"] = float(values.float().mean())
+        mine = values[values != 0] if values is not None else None  # other stages' layers: 0
+        if mine is not None and mine.numel():
+            out[f"moe/{name}"] = float(mine.float().mean()) / max(micro_batches, 1)
     clear_aux_losses_tracker()
     return out

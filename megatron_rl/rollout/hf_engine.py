@@ -29,6 +29,7 @@ latest token: ``[prompt + completion - 1, L, k]``, as SGLang returns them.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -322,6 +323,7 @@ class HFEngine(RolloutEngine):
     def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
         start = time.perf_counter()
         own = self.model.state_dict()
+        hf_state_dict = fuse_experts(hf_state_dict, own)
         unexpected = sorted(set(hf_state_dict) - set(own))
         missing = set(own) - set(hf_state_dict)
         if self.model.config.tie_word_embeddings:
@@ -348,6 +350,36 @@ class HFEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         self.model = None  # type: ignore[assignment]
+
+
+_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+
+
+def fuse_experts(sd: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-expert HF tensors -> the fused layout transformers 5 keeps an MoE in memory.
+
+    Checkpoints (and the trainer's export) hold ``...experts.{e}.gate_proj/up_proj/down_proj``;
+    the loaded model holds ``...experts.gate_up_proj`` ``[E, 2F, H]`` (each expert's gate rows,
+    then its up rows) and ``...experts.down_proj`` ``[E, H, F]``. Other tensors pass unchanged.
+    """
+    out: dict[str, Tensor] = {}
+    parts: dict[str, dict[tuple[int, str], Tensor]] = {}
+    for name, t in sd.items():
+        m = _EXPERT.fullmatch(name)
+        if m and f"{m[1]}.gate_up_proj" in own:
+            parts.setdefault(m[1], {})[(int(m[2]), m[3])] = t
+        else:
+            out[name] = t
+    for prefix, p in parts.items():
+        n = own[f"{prefix}.gate_up_proj"].shape[0]
+        missing = [f"{prefix}.{e}.{w}.weight" for e in range(n)
+                   for w in ("gate_proj", "up_proj", "down_proj") if (e, w) not in p]  # fmt: skip
+        if missing:
+            raise ValueError(f"hf engine: missing expert weight(s) {missing[:3]}")
+        gate_up = [torch.cat([p[(e, "gate_proj")], p[(e, "up_proj")]]) for e in range(n)]
+        out[f"{prefix}.gate_up_proj"] = torch.stack(gate_up)
+        out[f"{prefix}.down_proj"] = torch.stack([p[(e, "down_proj")] for e in range(n)])
+    return out
 
 
 def _eos_ids(tokenizer_eos: int | None, generation_config: object) -> set[int]:

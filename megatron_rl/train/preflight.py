@@ -15,7 +15,9 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
 * the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
   empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
   scheduler accepts them; SFT's ``sft.data`` file exists;
-* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL.
+* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL;
+* routing replay (``rl.routing_replay=rollout``): an MoE model, no recomputation, an engine
+  that returns routed experts here (hf anywhere, vLLM on GPU, SGLang).
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
 tokenizer are read), so it costs well under a second on the demo.
@@ -43,6 +45,8 @@ def preflight(cfg: RunConfig, kind: str) -> None:
     validate(cfg)  # a config built in code (not by load_config) is checked too
     model = check_model(cfg)
     check_layout(cfg, model)
+    if kind == "rl":
+        check_routing_replay(cfg, model)
     if kind == "rl" or cfg.sft.data == "domains":
         check_domains(cfg, scheduler=kind == "rl")
     elif not Path(cfg.sft.data).is_file():
@@ -88,6 +92,28 @@ def check_layout(cfg: RunConfig, model: ModelConfig) -> None:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"WORLD_SIZE={raw!r} must be a positive integer (set by torchrun)")
     validate_layout(cfg.parallel, int(raw), model)
+
+
+def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
+    """``rl.routing_replay=rollout`` needs an MoE model, an engine that returns the experts it
+    chose, and no activation recomputation (a recomputed forward would route freely)."""
+    if cfg.rl.routing_replay == "off":
+        return
+    if not model.is_moe:
+        raise ValueError(
+            "rl.routing_replay=rollout needs a mixture-of-experts model; "
+            f"model.arch={model.arch} is dense: use rl.routing_replay=off"
+        )
+    if cfg.model.recompute != "none":
+        raise ValueError(f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
+                         "not supported (the recomputed forward would route freely); use "
+                         "model.recompute=none")  # fmt: skip
+    import torch
+
+    if cfg.rollout.engine == "vllm" and not torch.cuda.is_available():
+        raise ValueError("rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
+                         "returns routed experts only from its V2 model runner, which needs "
+                         "Triton; use rollout.engine=hf on CPU")  # fmt: skip
 
 
 def check_domains(cfg: RunConfig, scheduler: bool) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.model.gpt import TEMPERATURE_KEY
-from megatron_rl.model.moe import ROUTES_KEY, routes_extra
+from megatron_rl.model.moe import ROUTES_KEY, pop_aux_losses, routes_extra
 from megatron_rl.train.advantages import compute_advantages
 from megatron_rl.train.dist_batches import dp_reduce, pack_shares
 from megatron_rl.train.losses import kl_reward_penalty, rl_loss, step_normalizer
@@ -267,6 +267,8 @@ def train_step(
             "train/response_tokens": red["tokens"],
         }
     )
+    if policy.cfg.is_moe:  # the router's aux / z-losses (their gradients are in the step)
+        metrics.update(pop_aux_losses(len(batches)))
     if free:
         metrics["mismatch/logp_abs_mean_no_replay"] = red["free_sum"] / max(red["tokens"], 1.0)
         metrics["mismatch/logp_abs_max_no_replay"] = red["free_max"]

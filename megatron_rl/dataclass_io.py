@@ -27,6 +27,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin is Literal:
         allowed = get_args(tp)
+        if isinstance(value, bool):  # YAML 1.1 reads off/on/no/yes as booleans
+            words = ("off", "no", "false") if not value else ("on", "yes", "true")
+            value = next((w for w in words if w in allowed), value)
         if value not in allowed:
             raise ValueError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
         return value

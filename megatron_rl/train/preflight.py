@@ -51,7 +51,7 @@ def preflight(cfg: RunConfig, kind: str) -> None:
         check_domains(cfg, scheduler=kind == "rl")
     elif not Path(cfg.sft.data).is_file():
         raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
-    check_engine(cfg)
+    check_engine(cfg, model)
 
 
 def check_model(cfg: RunConfig) -> ModelConfig:
@@ -139,7 +139,7 @@ def check_domains(cfg: RunConfig, scheduler: bool) -> None:
         DomainScheduler(cfg.scheduler, infos, cfg.seed)
 
 
-def check_engine(cfg: RunConfig) -> None:
+def check_engine(cfg: RunConfig, model: ModelConfig | None = None) -> None:
     """The rollout engine is registered and can be started from this environment."""
     from megatron_rl.rollout.base import ENGINES, load_builtin_engines
 
@@ -152,5 +152,14 @@ def check_engine(cfg: RunConfig) -> None:
     package = _ENGINE_PACKAGES.get(name)
     if package and importlib.util.find_spec(package) is None:
         raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
+    if name == "vllm" and model is not None and model.is_moe:
+        import torch
+
+        if not torch.cuda.is_available():
+            from megatron_rl.rollout.vllm_engine import MOE_RELOAD_ON_CPU
+
+            raise ValueError(
+                MOE_RELOAD_ON_CPU.replace("rollout engine 'vllm'", "rollout.engine=vllm")
+            )
     if name == "sglang" and not cfg.rollout.urls:
         raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")

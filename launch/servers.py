@@ -349,18 +349,20 @@ class Fleet:
         self.stop()
 
 
-def sglang_server_args(rollout: Any, seed: int) -> list[str]:
+def sglang_server_args(rollout: Any, seed: int, routed_experts: bool = False) -> list[str]:
     """``sglang.launch_server`` flags from the run's ``rollout`` section, built one by one.
 
     Never ``--config <run yaml>``: SGLang's own ``--config`` turns every YAML key into a flag,
-    and ``run_name:``/``model:`` are not SGLang flags.
+    and ``run_name:``/``model:`` are not SGLang flags. ``routed_experts`` (routing replay) adds
+    ``--enable-return-routed-experts`` (SGLang's ``server_args.py``).
     """
-    return [
+    args = [
         "--dtype", rollout.dtype,
         "--mem-fraction-static", str(rollout.gpu_memory_utilization),
         "--max-running-requests", str(rollout.max_batch),
         "--random-seed", str(seed),
     ]  # fmt: skip
+    return [*args, "--enable-return-routed-experts"] if routed_experts else args
 
 
 def _die_with_parent() -> None:

@@ -75,7 +75,12 @@ class _Pending:
 
 
 def completion_to_sglang(
-    c: Completion, rid: str, prompt_len: int, return_logprob: bool, weight_version: str
+    c: Completion,
+    rid: str,
+    prompt_len: int,
+    return_logprob: bool,
+    weight_version: str,
+    return_routed_experts: bool = False,
 ) -> dict[str, Any]:
     """One SGLang ``/generate`` output object for one completion."""
     finish: dict[str, Any]
@@ -97,6 +102,8 @@ def completion_to_sglang(
         meta["output_token_logprobs"] = [
             [float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids, strict=True)
         ]
+    if return_routed_experts and c.routed_experts is not None:  # base64 int32, as SGLang
+        meta["routed_experts"] = sglang_schema.encode_routed_experts(c.routed_experts)
     return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
 
@@ -117,7 +124,9 @@ class EmbeddedServer:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
         self.stats |= {"batch_splits": 0, "failed": 0}
-        self.limits = Limits(engine.vocab_size or None, engine.context_len, max_batch)
+        self.limits = Limits(
+            engine.vocab_size or None, engine.context_len, max_batch, engine.routed_experts
+        )
         self._tokenizer: Any = None
         self._batcher: asyncio.Task[None] | None = None
         self.receiver = WeightReceiver(self)  # /init_weights_update_group and friends
@@ -225,10 +234,9 @@ class EmbeddedServer:
             for j, c in enumerate(comps):  # type: ignore[arg-type]
                 sub = rid if req.params.n == 1 else f"{rid}-{j}"
                 outs.append(
-                    completion_to_sglang(
-                        c, sub, len(req.prompt_ids), parsed.return_logprob, self.weight_version
-                    )
-                )
+                    completion_to_sglang(c, sub, len(req.prompt_ids), parsed.return_logprob,
+                                         self.weight_version, parsed.return_routed_experts)
+                )  # fmt: skip
         if parsed.stream:
             return await _stream(request, outs)
         return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)

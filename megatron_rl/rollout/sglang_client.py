@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
+from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import (
     Completion,
     GenRequest,
@@ -74,9 +75,16 @@ class RetryableError(RuntimeError):
 class SGLangClient:
     """Async HTTP client for one router/server URL. Create and use it inside one event loop."""
 
-    def __init__(self, url: str, cfg: SGLangConfig, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        cfg: SGLangConfig,
+        request_timeout_s: float,
+        routes_shape: tuple[int, int] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.cfg = cfg
+        self.routes_shape = routes_shape  # (layers, top-k): ask for routed experts (MoE)
         self.timeout = aiohttp.ClientTimeout(
             total=request_timeout_s, sock_connect=cfg.connect_timeout_s
         )
@@ -150,12 +158,14 @@ class SGLangClient:
                 "sampling_params": sp,
                 "return_logprob": True,
             }
+            if self.routes_shape is not None:
+                body["return_routed_experts"] = True
             tries[0] += 1
             async with self._sem:
                 self.metrics["requests"] += 1
                 out = await self._post_generate(body)
             out = out[0] if isinstance(out, list) else out
-            c = parse_completion(out)
+            c = parse_completion(out, len(input_ids), self.routes_shape)
             if c.finish_reason == "abort":  # a server-side abort we did not ask for
                 raise RetryableError(f"request {rid} was aborted by the server")
             return c
@@ -303,8 +313,14 @@ def to_sampling_params(req: GenRequest, seed: int) -> dict[str, Any]:
     return sp
 
 
-def parse_completion(out: dict[str, Any]) -> Completion:
-    """A :class:`Completion` from one SGLang ``/generate`` output object."""
+def parse_completion(
+    out: dict[str, Any], prompt_len: int = 0, routes_shape: tuple[int, int] | None = None
+) -> Completion:
+    """A :class:`Completion` from one SGLang ``/generate`` output object.
+
+    ``routes_shape`` (layers, top-k): decode ``meta_info["routed_experts"]`` (base64 int32,
+    ``[prompt_len + completion - 1, layers, top-k]``; see ``sglang_schema``).
+    """
     meta = out["meta_info"]
     triples = meta.get("output_token_logprobs") or []
     token_ids = [int(t) for t in out["output_ids"]]
@@ -314,11 +330,16 @@ def parse_completion(out: dict[str, Any]) -> Completion:
         )
     kind = (meta.get("finish_reason") or {}).get("type", "stop")
     reason = {"length": "length", "abort": "abort"}.get(kind, "stop")
+    routes = None
+    if routes_shape is not None and reason != "abort":
+        routes = sglang_schema.decode_routed_experts(meta, prompt_len + len(token_ids) - 1,
+                                                     routes_shape)  # fmt: skip
     return Completion(
         token_ids=token_ids,
         text=out.get("text", ""),
         logprobs=[float(t[0]) for t in triples],
         finish_reason=reason,  # type: ignore[arg-type]
+        routed_experts=routes,
     )
 
 
@@ -332,6 +353,8 @@ class SGLangEngine(RolloutEngine):
         self.cfg = cfg
         self.seed = seed
         self.calls = 0
+        self.model_dir = model_dir
+        self.routed_experts = cfg.return_routed_experts
         self.sync_dir = Path(cfg.sync_dir or Path(model_dir).parent / "rollout_weights")
         self.version = recorded_version(self.sync_dir)  # versions only grow, across restarts
         self._loop = asyncio.new_event_loop()
@@ -345,7 +368,16 @@ class SGLangEngine(RolloutEngine):
             self.update_weights_from_disk(model_dir)
 
     async def _make_client(self) -> SGLangClient:
-        return SGLangClient(self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s)
+        shape = self._routes_shape() if self.routed_experts else None
+        return SGLangClient(self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s, shape)
+
+    def _routes_shape(self) -> tuple[int, int]:
+        """(layers, top-k) of the served MoE model, from its ``config.json``."""
+        config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        if not config.get("num_experts_per_tok"):
+            raise ValueError(f"rollout.return_routed_experts=true: {self.model_dir}/config.json "
+                             "has no num_experts_per_tok (not an MoE model)")  # fmt: skip
+        return int(config["num_hidden_layers"]), int(config["num_experts_per_tok"])
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

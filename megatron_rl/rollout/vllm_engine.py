@@ -106,7 +106,7 @@ class VLLMEngine(RolloutEngine):
                 logprobs_mode="processed_logprobs",
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 block_size=cfg.block_size,
-                **({"enable_return_routed_experts": True} if self.routed_experts else {}),
+                enable_return_routed_experts=self.routed_experts,
             )
         except Exception as e:  # vLLM raises many types at start-up; name the cause once
             raise EngineStartError(

@@ -78,9 +78,16 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfig | None) -> None:
-    """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes."""
+def validate_layout(
+    parallel: ParallelConfig, world_size: int, model: ModelConfig | None, gpu: bool | None = None
+) -> None:
+    """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes.
+
+    ``gpu``: whether the ranks will have CUDA (None: this process's, Transformer Engine checked
+    too); ``megatron-rl submit`` checks a GPU job's layout from a login node without one."""
     parallel.validate()
+    here = gpu is None  # checking this process's own environment (Transformer Engine too)
+    gpu = torch.cuda.is_available() if gpu is None else gpu
     tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
     if dp and dp * tp * pp * cp != world_size:
         raise ValueError(
@@ -93,12 +100,12 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
             f"world size {world_size} is not divisible by parallel.tp * parallel.pp * parallel.cp "
             f"= {tp} * {pp} * {cp} = {tp * pp * cp}; choose sizes whose product divides it"
         )
-    if cp > 1 and torch.cuda.is_available() and not have_transformer_engine():
+    if cp > 1 and gpu and here and not have_transformer_engine():
         raise ValueError(
             f"parallel.cp={cp} on GPU needs Transformer Engine (its attention is the GPU CP path), "
             "which does not import here; install transformer_engine or use parallel.cp=1"
         )
-    if cp > 1 and pp > 1 and not torch.cuda.is_available():
+    if cp > 1 and pp > 1 and not gpu:
         raise ValueError(
             f"parallel.cp={cp} with parallel.pp={pp} is not supported on CPU "
             "(context parallelism runs with parallel.pp=1); set parallel.pp=1 or parallel.cp=1"
@@ -116,7 +123,7 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
     if model.num_layers % pp:
         raise ValueError(f"parallel.pp={pp} must divide model.num_layers={model.num_layers}")
     _validate_experts(parallel, world_size, model)
-    if pp > 1 and model.tie_embeddings and not torch.cuda.is_available():
+    if pp > 1 and model.tie_embeddings and not gpu:
         raise ValueError(
             "model.tie_embeddings=true with parallel.pp>1 is GPU-only (megatron-core moves the "
             "shared weight with .cuda()); use parallel.pp=1 or untied embeddings on CPU"

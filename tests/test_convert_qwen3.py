@@ -5,8 +5,9 @@ Random checkpoints are built with ``transformers`` (``Qwen3ForCausalLM``,
 included), and saved in HF's on-disk layout (per-expert tensors). Round trips go through the
 real CLI at the layouts of the issue (TP=1/2, PP=1/2, EP=1/2/4, expert-TP 1 or TP) and, as
 state-dict functions, over held-out variants: other expert counts, top-k (1 without and 3 with
-``norm_topk_prob``), GQA ratios (MQA, MHA), tied embeddings, a ``head_dim`` of its own, bf16.
-Logits of the Megatron model built from the converted shards match transformers within 1e-4.
+``norm_topk_prob``), GQA ratios (MQA, MHA), tied embeddings, a ``head_dim`` of its own, bf16,
+and Qwen2-MoE (``Qwen2MoeForCausalLM``: QKV bias and a gated shared expert). Logits of the
+Megatron model built from the converted shards match transformers within 1e-4.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     PreTrainedModel,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -43,11 +46,15 @@ MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediat
                            norm_topk_prob=True)  # fmt: skip
 
 
-def make_hf(path: Path, moe: bool, dtype: torch.dtype = torch.float32, **change: Any) -> Path:
-    """A random tiny Qwen3 / Qwen3-MoE checkpoint (with a tokenizer file) in ``path``."""
+def make_hf(path: Path, moe: bool | str, dtype: torch.dtype = torch.float32, **change: Any) -> Path:
+    """A random tiny Qwen3 / Qwen3-MoE (``moe="qwen2"``: Qwen2-MoE) checkpoint in ``path``."""
     kwargs = {**BASE, **(MOE if moe else {}), **change}
     model: PreTrainedModel
-    if moe:
+    if moe == "qwen2":  # Qwen2-MoE: QKV bias, a gated shared expert, no QK-norm
+        kwargs = {**kwargs, "shared_expert_intermediate_size": 48}
+        kwargs.pop("head_dim")
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**kwargs))
+    elif moe:
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kwargs))
     else:
         model = Qwen3ForCausalLM(Qwen3Config(**kwargs))
@@ -112,6 +119,7 @@ def test_cli_round_trip_is_bit_exact(hf_dirs, tmp_path, arch, layout, files):
     (True, {"num_experts_per_tok": 1, "norm_topk_prob": False}, [(2, 1, 4, 0)]),
     (True, {"num_experts": 8, "num_key_value_heads": 1, "tie_word_embeddings": True},
      [(1, 1, 8, 0), (1, 2, 2, 0)]),
+    ("qwen2", {}, [(2, 2, 2, 0), (2, 1, 4, 1)]),  # Qwen2-MoE: the gated shared expert
 ])  # fmt: skip
 def test_held_out_variants_round_trip(tmp_path, moe, change, layouts):
     sd, cfg = hf_io.load_hf(make_hf(tmp_path / "hf", moe, **change))
@@ -164,6 +172,7 @@ def test_experts_are_placed_by_ep_rank_and_split_by_expert_tp(hf_dirs):
     (True, {}),
     (True, {"num_experts": 6, "num_experts_per_tok": 3}),
     (True, {"num_experts_per_tok": 1, "norm_topk_prob": False}),
+    ("qwen2", {}),
 ])  # fmt: skip
 def test_megatron_logits_match_transformers(tmp_path, moe, change):
     """fp32, TP=1, in-process: the Megatron model built from the converted shard."""

@@ -50,7 +50,7 @@ class MoEConfig:
 class ModelConfig:
     """A decoder-only GPT: RMSNorm, SwiGLU (dense or mixture of experts), RoPE, GQA."""
 
-    arch: Literal["qwen2", "llama", "qwen3", "qwen3_moe"] = "qwen2"  # HF family (model/arch/)
+    arch: Literal["qwen2", "llama", "qwen3", "qwen3_moe", "qwen2_moe"] = "qwen2"  # model/arch/
     hf_path: str | None = None  # HF-layout checkpoint to start from (None: random init)
     num_layers: int = 4  # transformer blocks
     hidden_size: int = 256  # model width
@@ -90,7 +90,7 @@ class ModelConfig:
         if moe_arch != (self.moe.num_experts > 0):
             raise ValueError(
                 f"model.arch={self.arch} with model.moe.num_experts={self.moe.num_experts}: "
-                "MoE architectures (qwen3_moe) need num_experts > 0, dense ones 0"
+                "MoE architectures (qwen3_moe, qwen2_moe) need num_experts > 0, dense ones 0"
             )
 
     @property

@@ -1,10 +1,11 @@
 """Model families, one module per architecture, and the registry that picks one.
 
 ``FAMILIES`` maps ``ModelConfig.arch`` to its family (:class:`~.base.DenseFamily` or a
-subclass): ``llama_qwen2.py`` (Llama, Qwen2), ``qwen3.py`` (Qwen3 dense: QK-norm) and
-``qwen3_moe.py`` (Qwen3-MoE; its MoE MLP is ``moe.py``'s, for every MoE family). A family owns
-the ``config.json`` mapping, the layer-spec options and one layer's HF <-> Megatron tensors;
-``convert.py``, ``hf_io.py`` and ``gpt.py`` ask it instead of branching on architecture names.
+subclass): ``llama_qwen2.py`` (Llama, Qwen2), ``qwen3.py`` (Qwen3 dense: QK-norm),
+``qwen3_moe.py`` (Qwen3-MoE) and ``qwen2_moe.py`` (Qwen2-MoE: a gated shared expert); their MoE
+MLP is ``moe.py``'s. A family owns the ``config.json`` mapping, the layer-spec options and one
+layer's HF <-> Megatron tensors; ``convert.py``, ``hf_io.py`` and ``gpt.py`` ask it instead of
+branching on architecture names.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any
 
 from megatron_rl.model.arch.base import DenseFamily
 from megatron_rl.model.arch.llama_qwen2 import Llama, Qwen2
+from megatron_rl.model.arch.qwen2_moe import Qwen2Moe
 from megatron_rl.model.arch.qwen3 import Qwen3
 from megatron_rl.model.arch.qwen3_moe import Qwen3Moe
 from megatron_rl.model.config import ModelConfig
 
-FAMILIES: dict[str, DenseFamily] = {f.arch: f for f in (Qwen2(), Llama(), Qwen3(), Qwen3Moe())}
+FAMILIES: dict[str, DenseFamily] = {
+    f.arch: f for f in (Qwen2(), Llama(), Qwen3(), Qwen3Moe(), Qwen2Moe())
+}
 BY_HF_CLASS: dict[str, DenseFamily] = {f.hf_class: f for f in FAMILIES.values()}
 
 

@@ -18,7 +18,10 @@ what it needs imports and enough GPUs are there, else prints one line naming wha
 * ``megatron_policy``: the Megatron GPT policy (local spec: no Transformer Engine) on the GPU:
   token log-probs of a packed batch of 4 sequences vs transformers;
 * ``mfu``: training-step MFU of the ~350M model of ``gpu_mfu.py`` (local spec), 3 steps;
-* ``te_vs_local``, ``sglang_update``: need Transformer Engine / SGLang;
+* ``te_vs_local``: per-token log-probs of a packed batch, TE layer spec vs local spec (needs TE);
+* ``moe_te``: a tiny Qwen3-MoE on the TE spec (alltoall, grouped GEMM) vs local, exact export,
+  routing replay, one training step (needs TE; EP > 1 needs more GPUs);
+* ``sglang_update``: needs SGLang (not written yet);
 * ``nccl_weight_group``: the NCCL weight-update group needs 2 GPUs (NCCL refuses two ranks on
   one device), so on one GPU it is listed as unrun.
 
@@ -262,9 +265,98 @@ def mfu_check(ctx: Ctx) -> dict[str, Any]:
     return {"mfu": mfu, "params": r["params"], "step_s": r["step_s"], "ok": mfu > 0}
 
 
+LENS = [37, 128, 5, 90]
+
+
+def _policy(model_dir: Path, te: bool, train: Any = None) -> Any:
+    """A bf16 policy on the TE or megatron-core's local layer spec, with ``model_dir``'s weights."""
+    import dataclasses
+
+    from megatron_rl.model import gpt, hf_io, policy
+    from megatron_rl.model.config import ParallelConfig
+    from megatron_rl.model.parallel import init_distributed
+
+    _, hf_cfg = hf_io.load_hf_config(str(model_dir))
+    cfg = dataclasses.replace(hf_cfg, dtype="bfloat16")
+    dist = init_distributed(ParallelConfig(), 0, cfg)
+    real = gpt.use_te_spec
+    gpt.use_te_spec = policy.use_te_spec = (lambda: True) if te else (lambda: False)  # type: ignore[attr-defined]
+    try:
+        pol = policy.Policy(cfg, dist, train)
+    finally:
+        gpt.use_te_spec = policy.use_te_spec = real  # type: ignore[attr-defined]
+    sd, _ = hf_io.load_hf(str(model_dir))
+    pol.load_hf_state_dict(sd)
+    return pol
+
+
+def _logprobs(pol: Any, seqs: list[list[int]]) -> list[Any]:
+    import torch
+
+    from long_context.packing import pack
+
+    batch = pack(seqs, [[1.0] * len(s) for s in seqs])
+    ((lp, _),) = pol.token_logprobs([batch])
+    return list(torch.split(lp, [len(s) for s in seqs]))
+
+
 @check("te_vs_local", needs=("transformer_engine", "megatron.core"), gpus=1)
 def te_check(ctx: Ctx) -> dict[str, Any]:
-    raise NotImplementedError("write it when a GPU with Transformer Engine is lent")
+    """Per-token log-probs of a packed THD batch: TE layer spec vs megatron-core's local spec."""
+    import random
+
+    rng = random.Random(0)
+    seqs = [[rng.randrange(300) for _ in range(n)] for n in LENS]
+    te = _logprobs(_policy(ctx.model, te=True), seqs)
+    local = _logprobs(_policy(ctx.model, te=False), seqs)
+    diff = max(float((a[1:] - b[1:]).abs().max()) for a, b in zip(te, local, strict=True))
+    return {"te_vs_local_logp_abs_max": diff, "ok": diff < 0.05}
+
+
+@check("moe_te", needs=("transformer_engine", "megatron.core"), gpus=1)
+def moe_te_check(ctx: Ctx) -> dict[str, Any]:
+    """A tiny bf16 Qwen3-MoE on the TE spec (alltoall dispatcher, TE grouped GEMM experts) vs
+    the local spec (SequentialMLP); the HF export of the TE model equals the weights it loaded;
+    replaying the routes of a free forward gives the same log-probs; one training step
+    (grouped-GEMM backward) has a finite grad norm. EP > 1 needs more than one GPU."""
+    import math
+    import random
+    from dataclasses import replace
+
+    import torch
+
+    from long_context.packing import pack
+    from megatron_rl.model import hf_io
+    from megatron_rl.model.moe import ROUTES_KEY, routes_extra
+    from megatron_rl.rollout.tiny_model import make_tiny_qwen3
+    from megatron_rl.train.config import TrainConfig
+
+    model = make_tiny_qwen3(ctx.tmp / "moe", "test", seed=0, moe=True)
+    rng = random.Random(1)
+    seqs = [[rng.randrange(300) for _ in range(n)] for n in LENS]
+    local = _logprobs(_policy(model, te=False), seqs)
+    pol = _policy(model, te=True)
+    te = _logprobs(pol, seqs)
+    diff = max(float((a[1:] - b[1:]).abs().max()) for a, b in zip(te, local, strict=True))
+    sd, _ = hf_io.load_hf(str(model))
+    back = pol.hf_state_dict()
+    export_exact = back.keys() == sd.keys() and all(
+        torch.equal(back[k].cpu(), sd[k].to(back[k].dtype)) for k in sd
+    )
+    batch = pack(seqs, [[1.0] * len(q) for q in seqs])
+    pol.replay.record()
+    ((free, _),) = pol.token_logprobs([batch])
+    routes = pol.replay.recorded().cpu()
+    pol.replay.record(False)
+    replayed_batch = replace(batch, extras={ROUTES_KEY: routes_extra(routes)})
+    ((replayed, _),) = pol.token_logprobs([replayed_batch])
+    replay_diff = float((free - replayed).abs().max())
+    trainer = _policy(model, te=True, train=TrainConfig(lr=1e-4))
+    trainer.forward_backward([batch], lambda b, lp, ent: (-(lp * b.loss_mask).mean(), {}))
+    grad_norm = trainer.optimizer_step(1e-4)["grad_norm"]
+    ok = diff < 0.05 and export_exact and replay_diff == 0.0 and math.isfinite(grad_norm)
+    return {"te_vs_local_logp_abs_max": diff, "export_exact": export_exact,
+            "replay_logp_abs_max": replay_diff, "grad_norm": grad_norm, "ok": ok}  # fmt: skip
 
 
 @check("sglang_update", needs=("sglang", "sglang_router"), gpus=1)

@@ -90,12 +90,13 @@ def server_seed(base: int, node_index: int, per_node: int, local: int, restarts:
     return base + node_index * per_node + local + SEED_STRIDE_RESTART * restarts
 
 
-def sglang_server_args(rollout: Any) -> list[str]:
+def sglang_server_args(rollout: Any, routed_experts: bool = False) -> list[str]:
     """``sglang.launch_server`` flags from the run's ``rollout`` section, built one by one (the
     seed is per server: :func:`server_seed`).
 
     Never ``--config <run yaml>``: SGLang's own ``--config`` turns every YAML key into a flag,
-    and ``run_name:``/``model:`` are not SGLang flags.
+    and ``run_name:``/``model:`` are not SGLang flags. ``routed_experts`` (routing replay) adds
+    ``--enable-return-routed-experts`` (SGLang's ``server_args.py``).
     """
     args = [
         "--dtype", rollout.dtype,
@@ -104,6 +105,8 @@ def sglang_server_args(rollout: Any) -> list[str]:
     ]  # fmt: skip
     if rollout.sglang.deterministic:
         args.append("--enable-deterministic-inference")
+    if routed_experts:
+        args.append("--enable-return-routed-experts")
     return args
 
 

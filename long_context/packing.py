@@ -28,7 +28,8 @@ class PackedBatch:
     loss_mask:    [T] float32, 1.0 on tokens that are trained (responses), else 0.0
     position_ids: [T] int64, restarting at 0 at every sequence start
     seq_ids:      index of each packed sequence in the caller's list (to scatter results back)
-    extras:       per-token float tensors [T] carried along (advantages, old log-probs, ...)
+    extras:       per-token float tensors [T] carried along (advantages, old log-probs, ...), or
+                  [T, D] rows (an MoE's replayed routes), given to ``pack`` as tensors
     """
 
     tokens: torch.Tensor
@@ -74,10 +75,15 @@ def pack(
     mask[cu[:-1].long()] = 0.0  # the first token of a sequence has no prediction
     packed_extras: dict[str, torch.Tensor] = {}
     for name, values in (extras or {}).items():
-        flat = [float(x) for v in values for x in v]
-        if len(flat) != tokens.numel():
-            raise ValueError(f"pack: extra {name!r} has {len(flat)} entries for {tokens.numel()}")
-        packed_extras[name] = torch.tensor(flat, dtype=torch.float32)
+        if values and isinstance(values[0], torch.Tensor):  # per-token rows [n, D] per sequence
+            packed = torch.cat([torch.as_tensor(v, dtype=torch.float32) for v in values])
+        else:
+            packed = torch.tensor([float(x) for v in values for x in v], dtype=torch.float32)
+        if packed.shape[0] != tokens.numel():
+            raise ValueError(
+                f"pack: extra {name!r} has {packed.shape[0]} entries for {tokens.numel()}"
+            )
+        packed_extras[name] = packed
     ids = list(seq_ids) if seq_ids is not None else list(range(len(seqs)))
     return PackedBatch(tokens, cu, mask, pos, ids, packed_extras)
 

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     if args.port is None or not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535 (or use --num-servers), got {args.port}")
     seed = cfg.seed if args.seed is None else args.seed
-    engine_cfg = replace(cfg.rollout, engine=engine)
+    engine_cfg = replace(cfg.rollout, engine=engine, return_routed_experts=routed_experts(cfg))
     sg = cfg.rollout.sglang
     serve(
         build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
@@ -92,6 +92,12 @@ def main(args: argparse.Namespace) -> int:
         bucket_timeout_s=sg.bucket_timeout_s,
     )  # fmt: skip
     return 0
+
+
+def routed_experts(cfg: Any) -> bool:
+    """Servers record the experts they route to (SGLang's ``--enable-return-routed-experts``)
+    when the run replays them (``rl.routing_replay=rollout``) or the config asks."""
+    return bool(cfg.rollout.return_routed_experts or cfg.rl.routing_replay == "rollout")
 
 
 def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
@@ -149,7 +155,9 @@ def build_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> Any:
         sync_dir=cfg.rollout.sync_dir,
         gpu_ids=[int(x) for x in args.gpu_ids.split(",")] if args.gpu_ids else None,
         server_args=embedded if engine != "sglang" else [],
-        sglang_args=sglang_server_args(cfg.rollout) if engine == "sglang" else [],
+        sglang_args=(
+            sglang_server_args(cfg.rollout, routed_experts(cfg)) if engine == "sglang" else []
+        ),
         seed=seed,
         node_index=args.node_index,
         router_policy=cfg.rollout.sglang.router_policy,

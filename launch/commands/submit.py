@@ -84,7 +84,27 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
     validate(cfg)
     engine_tp(cfg, slurm)
     check_ports(slurm)
+    check_trainer_layout(cfg, slurm)
     return cfg, slurm
+
+
+def check_trainer_layout(cfg: Any, slurm: Any) -> None:
+    """``parallel.*`` (TP/PP/CP, and EP for a mixture-of-experts model) against the trainer
+    world the script will start (trainer nodes x trainer ranks per node), with the model's
+    ``config.json`` when ``model.hf_path`` has one: one line naming the keys, nothing written."""
+    from megatron_rl.model.parallel import validate_layout
+
+    model = cfg.model
+    if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
+        from megatron_rl.model import hf_io
+
+        _, model = hf_io.load_hf_config(cfg.model.hf_path)
+    world = slurm.layout()[0] * slurm.trainer_procs()
+    try:
+        validate_layout(cfg.parallel, world, model, gpu=slurm.gpus_per_node > 0)
+    except ValueError as e:
+        raise ValueError(f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
+                         f"{slurm.trainer_procs()} rank(s))") from None  # fmt: skip
 
 
 def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str]) -> str:
@@ -147,6 +167,7 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         server_gpu_list=",".join(str(i) for i in range(trainer_gpus, trainer_gpus + n_srv)),
         trainer_gpu_list=",".join(str(i) for i in range(trainer_gpus)),
         train_command=train_command,
+        serve_overrides=extra,  # the servers read the same run config (routed experts, dtype)
         servers=slurm.servers(),
         step_cpus=slurm.cpus_per_node or '"${SLURM_CPUS_ON_NODE:-1}"',
         shutdown_timeout=shutdown_timeout(slurm),

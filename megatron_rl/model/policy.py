@@ -60,6 +60,7 @@ from megatron_rl.model.gpt import (
     use_te_spec,
     vocab_parallel_logprobs,
 )
+from megatron_rl.model.moe import ROUTES_KEY, RoutingReplay
 from megatron_rl.model.parallel import DistInfo, validate_layout
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
@@ -73,7 +74,9 @@ class Policy:
     ) -> None:
         self.cfg = model_cfg
         self.dist = dist_info
-        self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
+        self.parallel = ParallelConfig(
+            tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp, ep=dist_info.ep, etp=dist_info.etp
+        )
         validate_layout(self.parallel, dist_info.world_size, model_cfg)
         # Batches go through the CP split / THD layout (with cp = 1 only when a benchmark swaps
         # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
@@ -83,6 +86,8 @@ class Policy:
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
         )
         self.model: Any = self.module  # the DDP wrapper when training, else the GPTModel
+        first = dist_info.pp_rank * (model_cfg.num_layers // dist_info.pp)
+        self.replay = RoutingReplay(self.module, model_cfg, first) if model_cfg.is_moe else None
         self.optimizer: Any = None
         if train_cfg is not None:
             self._build_training(train_cfg)
@@ -128,7 +133,12 @@ class Policy:
 
     # ------------------------------------------------------------------ forward machinery
 
-    def _forward(self, model: Any, tokens: Tensor, mask: Tensor | None, packed: Any) -> Tensor:
+    def _forward(
+        self, model: Any, tokens: Tensor, mask: Tensor | None, packed: Any, routes: Any = None
+    ) -> Tensor:
+        """``routes``: expert choices to replay (MoE), rows in router order; None routes freely."""
+        if self.replay is not None:
+            self.replay.set(routes)
         pos = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
         return model(tokens, pos, mask, packed_seq_params=packed)
 
@@ -175,7 +185,8 @@ class Policy:
                 out = model(cp_in.tokens, cp_in.position_ids, None, packed_seq_params=packed)
                 return out, partial(loss_func, batch, cp_in.shard)
             tokens, mask, packed = self._packed_inputs(batch)
-            return self._forward(model, tokens, mask, packed), partial(loss_func, batch, None)
+            out = self._forward(model, tokens, mask, packed, batch.extras.get(ROUTES_KEY))
+            return out, partial(loss_func, batch, None)
 
         self.model.train(not forward_only)
         return get_forward_backward_func()(
@@ -279,8 +290,10 @@ class Policy:
         return list(zip(lps, ents, strict=True))
 
     @torch.no_grad()
-    def logits(self, tokens: Tensor) -> Tensor:
-        """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU."""
+    def logits(self, tokens: Tensor, routes: Tensor | None = None) -> Tensor:
+        """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU.
+
+        ``routes`` [B, S, L, k] (MoE): the experts to replay for every token and layer."""
         from megatron.core import parallel_state as mpu
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
@@ -292,8 +305,11 @@ class Policy:
         causal = torch.ones(s, s, dtype=torch.bool, device=self.dist.device).triu(1)[None, None]
         mask = None if self.spec == "te" else causal  # TE's causal mask type needs none
 
+        # the routers see the tokens sequence-major ([S, B] flattened)
+        rows = None if routes is None else routes.transpose(0, 1).reshape(s * b, -1)
+
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
-            out = self._forward(model, next(data_iterator), mask, None)
+            out = self._forward(model, next(data_iterator), mask, None, rows)
             return out, lambda o: (o.new_zeros(()), {"logits": o})
 
         self.model.eval()
@@ -453,14 +469,6 @@ class Policy:
     def load_hf_state_dict(self, hf_sd: dict[str, Tensor]) -> None:
         """Load this rank's share of a full HF-layout state dict (every rank passes the same)."""
         convert.check_hf_state_dict(hf_sd, self.cfg, "Policy.load_hf_state_dict")
-        shard = convert.hf_to_megatron_rank(
-            hf_sd,
-            self.cfg,
-            self.dist.tp,
-            self.dist.tp_rank,
-            self.dist.pp,
-            self.dist.pp_rank,
-            spec=self.spec,
-        )
+        shard = convert.hf_to_megatron_rank(hf_sd, self.cfg, **self.dist.shard(), spec=self.spec)
         device = self.dist.device
         self.load_model_state_shard({k: v.to(device) for k, v in shard.items()})

@@ -77,12 +77,19 @@ class GenRequest:
 
 @dataclass
 class Completion:
-    """One sampled completion: ``len(token_ids) == len(logprobs)``."""
+    """One sampled completion: ``len(token_ids) == len(logprobs)``.
+
+    ``routed_experts`` (MoE models, engines started with ``rollout.return_routed_experts``): the
+    experts the engine chose for every token it ran, ``[len(prompt) + len(token_ids) - 1, L, k]``
+    int32 (the prompt's tokens, then every sampled token but the last, which the engine never
+    fed back), in SGLang's and vLLM's convention. None otherwise.
+    """
 
     token_ids: list[int]
     text: str
     logprobs: list[float]
     finish_reason: FinishReason
+    routed_experts: Tensor | None = None
 
 
 class EngineStartError(RuntimeError):
@@ -98,6 +105,7 @@ class RolloutEngine(ABC):
     """
 
     stats: dict[str, float] = {}  # replaced (never mutated) by each generate call
+    routed_experts: bool = False  # completions carry ``routed_experts`` (set by the engine)
     vocab_size: int = 0  # token ids must be in [0, vocab_size) (local engines set it)
     context_len: int | None = None  # most positions, prompt + completion (None: unknown)
 

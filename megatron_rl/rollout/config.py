@@ -77,6 +77,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of GPU memory it may take
     urls: list[str] = field(default_factory=list)  # router/server URLs for remote engines
     request_timeout_s: float = 300.0  # per HTTP request, remote engines
+    return_routed_experts: bool = False  # MoE: record the experts chosen for every token (the
+    # RL loop turns it on for rl.routing_replay=rollout; SGLang's --enable-return-routed-experts)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # remote SGLang client
 
     def validate(self) -> None:

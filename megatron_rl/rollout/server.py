@@ -113,7 +113,9 @@ class EmbeddedServer:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
         self.stats |= {"batch_splits": 0, "failed": 0, "abort_requests": 0, "health_checks": 0}
-        self.limits = Limits(engine.vocab_size or None, engine.context_len, max_batch)
+        self.limits = Limits(
+            engine.vocab_size or None, engine.context_len, max_batch, engine.routed_experts
+        )
         self._tokenizer: Any = None
         self._batcher: asyncio.Task[None] | None = None
         self.receiver = WeightReceiver(self, bucket_timeout_s)  # /init_weights_update_group...
@@ -225,10 +227,9 @@ class EmbeddedServer:
             for j, c in enumerate(comps):  # type: ignore[arg-type]
                 sub = rid if req.params.n == 1 else f"{rid}-{j}"
                 outs.append(
-                    completion_to_sglang(
-                        c, sub, len(req.prompt_ids), parsed.return_logprob, self.weight_version
-                    )
-                )
+                    completion_to_sglang(c, sub, len(req.prompt_ids), parsed.return_logprob,
+                                         self.weight_version, parsed.return_routed_experts)
+                )  # fmt: skip
         if parsed.stream:
             return await stream_response(request, outs)
         return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)

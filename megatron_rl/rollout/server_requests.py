@@ -46,6 +46,7 @@ class Limits:
     vocab_size: int | None  # token ids must be in [0, vocab_size) (None: unchecked)
     context_len: int | None  # prompt + max_new_tokens at most this (None: unchecked)
     max_n: int  # most completions (n) per prompt: the server's batch size
+    routed_experts: bool = False  # the engine records routed experts (--enable-return-...)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ParsedGenerate:
     single: bool  # one prompt given as a flat list / string: answer with one object
     return_logprob: bool
     stream: bool = False  # answer as server-sent events (one chunk per output, then [DONE])
+    return_routed_experts: bool = False  # meta_info["routed_experts"] (MoE), as SGLang
 
 
 def precheck_size(body: Any, limits: Limits) -> None:
@@ -81,6 +83,11 @@ def parse_generate(
     precheck_size(body, limits)
     sglang_schema.validate("generate", body)
     sglang_schema.check_supported_generate(body)
+    routed = bool(body.get("return_routed_experts"))
+    if routed and not limits.routed_experts:
+        raise ValueError("return_routed_experts: this server does not record routed experts "
+                         "(start it as SGLang with --enable-return-routed-experts; here: "
+                         "rollout.return_routed_experts=true, an MoE model)")  # fmt: skip
     prompts, single = _prompts(body, tokenize)
     sps = _sampling_params(body, len(prompts))
     rids = _rids(body.get("rid"), len(prompts), single)
@@ -94,7 +101,7 @@ def parse_generate(
             raise ValueError(f"{where}{e}") from None
         requests.append(req)
     return ParsedGenerate(
-        requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream"))
+        requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream")), routed
     )
 
 
@@ -190,7 +197,12 @@ def _rids(rid: Any, n_prompts: int, single: bool) -> list[str]:
 
 # ---- responses --------------------------------------------------------------------------
 def completion_to_sglang(
-    c: Completion, rid: str, prompt_len: int, return_logprob: bool, weight_version: str
+    c: Completion,
+    rid: str,
+    prompt_len: int,
+    return_logprob: bool,
+    weight_version: str,
+    return_routed_experts: bool = False,
 ) -> dict[str, Any]:
     """One SGLang ``/generate`` output object for one completion."""
     finish: dict[str, Any]
@@ -212,6 +224,8 @@ def completion_to_sglang(
         meta["output_token_logprobs"] = [
             [float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids, strict=True)
         ]
+    if return_routed_experts and c.routed_experts is not None:  # base64 int32, as SGLang
+        meta["routed_experts"] = sglang_schema.encode_routed_experts(c.routed_experts)
     return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
 

@@ -39,6 +39,7 @@ Log-probs: SGLang returns ``log_softmax(logits / T)`` (post-temperature), the co
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -79,6 +80,8 @@ class SGLangEngine(RolloutEngine):
         self.cfg = cfg
         self.seed = seed
         self.calls = 0
+        self.model_dir = model_dir
+        self.routed_experts = cfg.return_routed_experts
         self.sync_dir = Path(cfg.sync_dir or Path(model_dir).parent / "rollout_weights")
         self.version = recorded_version(self.sync_dir)  # versions only grow, across restarts
         self.versions = VersionLog(self.sync_dir)
@@ -97,7 +100,16 @@ class SGLangEngine(RolloutEngine):
             self.update_weights_from_disk(model_dir)
 
     async def _make_client(self) -> SGLangClient:
-        return SGLangClient(self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s)
+        shape = self._routes_shape() if self.routed_experts else None
+        return SGLangClient(self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s, shape)
+
+    def _routes_shape(self) -> tuple[int, int]:
+        """(layers, top-k) of the served MoE model, from its ``config.json``."""
+        config = json.loads((Path(self.model_dir) / "config.json").read_text())
+        if not config.get("num_experts_per_tok"):
+            raise ValueError(f"rollout.return_routed_experts=true: {self.model_dir}/config.json "
+                             "has no num_experts_per_tok (not an MoE model)")  # fmt: skip
+        return int(config["num_hidden_layers"]), int(config["num_experts_per_tok"])
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

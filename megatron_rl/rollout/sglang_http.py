@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import Completion, GenRequest, derive_seed
 
 if TYPE_CHECKING:
@@ -33,9 +34,16 @@ class RetryableError(RuntimeError):
 class SGLangClient:
     """Async HTTP client for one router/server URL. Create and use it inside one event loop."""
 
-    def __init__(self, url: str, cfg: SGLangConfig, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        cfg: SGLangConfig,
+        request_timeout_s: float,
+        routes_shape: tuple[int, int] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.cfg = cfg
+        self.routes_shape = routes_shape  # (layers, top-k): ask for routed experts (MoE)
         self.timeout = aiohttp.ClientTimeout(
             total=request_timeout_s, sock_connect=cfg.connect_timeout_s
         )
@@ -119,6 +127,8 @@ class SGLangClient:
                 "sampling_params": sp,
                 "return_logprob": True,
             }
+            if self.routes_shape is not None:
+                body["return_routed_experts"] = True
             tries[0] += 1
             async with self._sem:
                 if self.aborting:
@@ -130,7 +140,7 @@ class SGLangClient:
                 finally:
                     self.sent.discard(rid)
             out = out[0] if isinstance(out, list) else out
-            c = parse_completion(out)
+            c = parse_completion(out, len(input_ids), self.routes_shape)
             if c.finish_reason == "abort" and not self.aborting:  # not asked for: retried
                 raise RetryableError(f"request {rid} was aborted by the server")
             return c
@@ -295,8 +305,14 @@ def to_sampling_params(req: GenRequest, seed: int | None) -> dict[str, Any]:
     return sp
 
 
-def parse_completion(out: dict[str, Any]) -> Completion:
-    """A :class:`Completion` from one SGLang ``/generate`` output object."""
+def parse_completion(
+    out: dict[str, Any], prompt_len: int = 0, routes_shape: tuple[int, int] | None = None
+) -> Completion:
+    """A :class:`Completion` from one SGLang ``/generate`` output object.
+
+    ``routes_shape`` (layers, top-k): decode ``meta_info["routed_experts"]`` (base64 int32,
+    ``[prompt_len + completion - 1, layers, top-k]``; see ``sglang_schema``).
+    """
     meta = out["meta_info"]
     triples = meta.get("output_token_logprobs") or []
     token_ids = [int(t) for t in out["output_ids"]]
@@ -306,9 +322,14 @@ def parse_completion(out: dict[str, Any]) -> Completion:
         )
     kind = (meta.get("finish_reason") or {}).get("type", "stop")
     reason = {"length": "length", "abort": "abort"}.get(kind, "stop")
+    routes = None
+    if routes_shape is not None and reason != "abort":
+        routes = sglang_schema.decode_routed_experts(meta, prompt_len + len(token_ids) - 1,
+                                                     routes_shape)  # fmt: skip
     return Completion(
         token_ids=token_ids,
         text=out.get("text", ""),
         logprobs=[float(t[0]) for t in triples],
         finish_reason=reason,  # type: ignore[arg-type]
+        routed_experts=routes,
     )

@@ -64,8 +64,16 @@ class RLConfig:
     max_staleness: int = 1  # max optimizer steps a sample may lag the trainer (checked at load)
     eval_every: int = 10  # steps between held-out evals
     eval_samples_per_domain: int = 64  # held-out tasks per domain per eval
+    routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's expert choices
+    # in the trainer's forward passes (rollout routing replay, arXiv 2510.11370)
+    replay_mismatch_every: int = 1  # with routing replay: steps between extra log-prob passes
+    # without replay on the same batch, logged as mismatch/*_no_replay (0: never)
 
     def validate(self) -> None:
+        if self.replay_mismatch_every < 0:
+            raise ValueError(
+                f"rl.replay_mismatch_every must be >= 0, got {self.replay_mismatch_every}"
+            )
         if self.group_size < 1:
             raise ValueError(f"rl.group_size must be >= 1, got {self.group_size}")
         if self.prompts_per_step < 1:

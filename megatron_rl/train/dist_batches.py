@@ -43,14 +43,15 @@ class StepWork:
     info: dict[str, Any] = field(default_factory=dict)  # e.g. {"tokens": per-DP-rank tokens}
 
 
-def zero_batch(fill: dict[str, float], pad_id: int = 0) -> PackedBatch:
+def zero_batch(fill: dict[str, Any], pad_id: int = 0) -> PackedBatch:
     """A micro-batch that trains nothing: one pad token, loss mask 0, extras set to ``fill``.
 
     ``fill`` gives each extra the value a real sequence has at its first token (a sequence start,
-    like this one), so per-token inputs such as a temperature stay in their valid range.
+    like this one), so per-token inputs such as a temperature stay in their valid range (a
+    per-token row, such as replayed routes, gives a ``[1, D]`` extra).
     """
     b = dummy_batch(pad_id)
-    b.extras = {k: torch.full((1,), float(v)) for k, v in fill.items()}
+    b.extras = {k: torch.as_tensor(v, dtype=torch.float32)[None] for k, v in fill.items()}
     return b
 
 

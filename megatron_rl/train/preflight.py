@@ -17,7 +17,9 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
   scheduler accepts them; SFT's ``sft.data`` file exists;
 * the rollout engine: registered, its package importable, and for ``sglang`` a configured URL
   that something answers at (rank 0 only, the one process that talks to servers): an
-  unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line.
+  unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line;
+* routing replay (``rl.routing_replay=rollout``): an MoE model, no recomputation, an engine
+  that returns routed experts here (hf anywhere, vLLM on GPU, SGLang).
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
 tokenizer are read), so it costs well under a second on the demo.
@@ -49,11 +51,13 @@ def preflight(cfg: RunConfig, kind: str) -> None:
     validate(cfg)  # a config built in code (not by load_config) is checked too
     model = check_model(cfg)
     check_layout(cfg, model)
+    if kind == "rl":
+        check_routing_replay(cfg, model)
     if kind == "rl" or cfg.sft.data == "domains":
         check_domains(cfg, scheduler=kind == "rl")
     elif not Path(cfg.sft.data).is_file():
         raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
-    check_engine(cfg)
+    check_engine(cfg, model)
 
 
 def check_model(cfg: RunConfig) -> ModelConfig:
@@ -96,6 +100,28 @@ def check_layout(cfg: RunConfig, model: ModelConfig) -> None:
     validate_layout(cfg.parallel, int(raw), model)
 
 
+def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
+    """``rl.routing_replay=rollout`` needs an MoE model, an engine that returns the experts it
+    chose, and no activation recomputation (a recomputed forward would route freely)."""
+    if cfg.rl.routing_replay == "off":
+        return
+    if not model.is_moe:
+        raise ValueError(
+            "rl.routing_replay=rollout needs a mixture-of-experts model; "
+            f"model.arch={model.arch} is dense: use rl.routing_replay=off"
+        )
+    if cfg.model.recompute != "none":
+        raise ValueError(f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
+                         "not supported (the recomputed forward would route freely); use "
+                         "model.recompute=none")  # fmt: skip
+    import torch
+
+    if cfg.rollout.engine == "vllm" and not torch.cuda.is_available():
+        raise ValueError("rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
+                         "returns routed experts only from its V2 model runner, which needs "
+                         "Triton; use rollout.engine=hf on CPU")  # fmt: skip
+
+
 def check_domains(cfg: RunConfig, scheduler: bool) -> None:
     """Every domain pattern matches, the selection is not empty, the scheduler accepts it."""
     from megatron_rl.domains import load_domains
@@ -119,7 +145,7 @@ def check_domains(cfg: RunConfig, scheduler: bool) -> None:
         DomainScheduler(cfg.scheduler, infos, cfg.seed)
 
 
-def check_engine(cfg: RunConfig) -> None:
+def check_engine(cfg: RunConfig, model: ModelConfig | None = None) -> None:
     """The rollout engine is registered and can be started from this environment."""
     from megatron_rl.rollout.base import ENGINES, load_builtin_engines
 
@@ -132,6 +158,15 @@ def check_engine(cfg: RunConfig) -> None:
     package = _ENGINE_PACKAGES.get(name)
     if package and importlib.util.find_spec(package) is None:
         raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
+    if name == "vllm" and model is not None and model.is_moe:
+        import torch
+
+        if not torch.cuda.is_available():
+            from megatron_rl.rollout.vllm_engine import MOE_RELOAD_ON_CPU
+
+            raise ValueError(
+                MOE_RELOAD_ON_CPU.replace("rollout engine 'vllm'", "rollout.engine=vllm")
+            )
     if name == "sglang" and not cfg.rollout.urls:
         raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")
     check_rollout_reachable(cfg)

@@ -7,6 +7,7 @@ import logging
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ log = logging.getLogger(__name__)
 def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
     """Start the configured engine on HF-layout weights (the controller's, global rank 0 only)."""
     t0 = time.time()
-    engine = build_engine(rt.cfg.rollout, str(weights), rt.cfg.seed)
+    replay = rt.cfg.rl.routing_replay == "rollout"  # the engine returns the experts it chose
+    rollout = replace(rt.cfg.rollout, return_routed_experts=True) if replay else rt.cfg.rollout
+    engine = build_engine(rollout, str(weights), rt.cfg.seed)
     log.info("rollout engine %r ready in %.1f s", rt.cfg.rollout.engine, time.time() - t0)
     return engine
 

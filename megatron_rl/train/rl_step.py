@@ -6,6 +6,10 @@ ratio is exactly 1 and its gradient is the policy gradient). The engine's log-pr
 truncated importance sampling (``rl.tis_cap``), which corrects the train/inference mismatch and,
 in off-policy mode, the staleness of samples made by an older policy. The mismatch itself
 (|logp_trainer - logp_engine| on sampled tokens) is measured in the same pass, so it is free.
+With routing replay (MoE, ``rl.routing_replay: rollout``) every forward replays the engine's
+expert choices (``extras["routes"]``), the reference's included; every
+``rl.replay_mismatch_every`` steps one extra forward-only pass over the same batch without
+replay logs what the mismatch would have been (``mismatch/logp_abs_*_no_replay``).
 
 Every token carries the temperature its sample was drawn at (``extras["temp"]``): groups of
 different domains sample at different temperatures and share micro-batches, and the policy,
@@ -16,17 +20,19 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.model.gpt import TEMPERATURE_KEY
+from megatron_rl.model.moe import ROUTES_KEY, pop_aux_losses, routes_extra
 from megatron_rl.train.advantages import compute_advantages
 from megatron_rl.train.dist_batches import dp_reduce, pack_shares
 from megatron_rl.train.losses import kl_reward_penalty, rl_loss, step_normalizer
 from megatron_rl.train.optim import lr_at
-from megatron_rl.train.rollout_phase import Group
+from megatron_rl.train.rollout_phase import Group, Sample
 
 
 def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -45,13 +51,17 @@ def _rows(
     """Token ids, loss masks and per-token extras of every kept sample, in order.
 
     Extras: ``rollout_lp`` (engine log-probs, 0 on prompt/env tokens), ``temp`` (the temperature
-    the sample was drawn at, on every token: the trainer scores each token at it) and, when
-    ``advantages`` [len(kept), n] is given, ``adv`` (each sample's advantage on its response).
+    the sample was drawn at, on every token: the trainer scores each token at it), when
+    ``advantages`` [len(kept), n] is given, ``adv`` (each sample's advantage on its response),
+    and when the engine returned them (routing replay), ``routes`` (:func:`sample_routes`).
     """
     seqs, masks = [], []
-    extras: dict[str, list[list[float]]] = {"rollout_lp": [], TEMPERATURE_KEY: []}
+    extras: dict[str, list[Any]] = {"rollout_lp": [], TEMPERATURE_KEY: []}
     if advantages is not None:
         extras["adv"] = []
+    samples = [s for i in kept for s in groups[i].samples]
+    if samples and all(s.routed_experts is not None for s in samples):
+        extras[ROUTES_KEY] = [sample_routes(s) for s in samples]
     for gi, i in enumerate(kept):
         temp = float(groups[i].spec.temperature)
         for si, s in enumerate(groups[i].samples):
@@ -63,6 +73,24 @@ def _rows(
             if advantages is not None:
                 extras["adv"].append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
     return seqs, masks, extras
+
+
+def sample_routes(s: Sample) -> torch.Tensor:
+    """A sample's replayed routing as per-token rows ``[P + R, L * k]`` (``extras["routes"]``).
+
+    The engine ran every token but the last (``[P + R - 1, L, k]``); the last token's row (its
+    output predicts nothing that is trained) gets experts ``0 .. k-1`` in every layer.
+    """
+    routes = torch.as_tensor(s.routed_experts)
+    n = len(s.prompt_ids) + len(s.response_ids)
+    if routes.dim() != 3 or routes.shape[0] != n - 1:
+        raise ValueError(
+            f"routed experts of a {s.domain} sample have shape {tuple(routes.shape)}; expected "
+            f"[{n - 1}, layers, top-k] for {len(s.prompt_ids)} prompt + {len(s.response_ids)} "
+            "response tokens"
+        )
+    last = torch.arange(routes.shape[2]).expand(1, routes.shape[1], -1)
+    return routes_extra(torch.cat([routes.long(), last]))
 
 
 def build_batches(
@@ -207,6 +235,8 @@ def train_step(
         return loss * dp, m
 
     t0 = time.time()
+    # the same batch without routing replay: what the mismatch would be (same weights)
+    free = _mismatch_without_replay(policy, batches) if _compare_replay(rl, batches, step) else {}
     outs = policy.forward_backward(batches, loss_fn)
     sums = {k: sum(o[k] for o in outs) for k in outs[0] if k.startswith("loss/")} if outs else {}
     sums.update(
@@ -216,6 +246,8 @@ def train_step(
         packed_tokens=float(sum(b.num_tokens for b in batches if b.seq_ids)),
     )
     maxes = {"mismatch_max": max((o["mismatch_max"] for o in outs), default=0.0)}
+    if free:
+        sums["free_sum"], maxes["free_max"] = free["sum"], free["max"]
     red = dp_reduce(sums, maxes, policy.dist)
     loss = red["loss"]  # the same on every rank, so every rank skips or steps alike
     opt = policy.optimizer_step(lr_at(step, cfg.train)) if math.isfinite(loss) else _skip(policy)
@@ -235,7 +267,31 @@ def train_step(
             "train/response_tokens": red["tokens"],
         }
     )
+    if policy.cfg.is_moe:  # the router's aux / z-losses (their gradients are in the step)
+        metrics.update(pop_aux_losses(len(batches)))
+    if free:
+        metrics["mismatch/logp_abs_mean_no_replay"] = red["free_sum"] / max(red["tokens"], 1.0)
+        metrics["mismatch/logp_abs_max_no_replay"] = red["free_max"]
     return metrics
+
+
+def _compare_replay(rl: Any, batches: list[PackedBatch], step: int) -> bool:
+    """Measure the mismatch without routing replay this step (every rank decides alike)."""
+    every = rl.replay_mismatch_every
+    replayed = bool(batches) and ROUTES_KEY in batches[0].extras
+    return replayed and every > 0 and step % every == 0
+
+
+def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[str, float]:
+    """|logp_trainer - logp_engine| on trained tokens with the trainer routing freely: sum, max."""
+    free = [replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY})
+            for b in batches]  # fmt: skip
+    total, most = 0.0, 0.0
+    for b, (lp, _) in zip(batches, policy.token_logprobs(free), strict=True):
+        diff = (lp - b.extras["rollout_lp"]).abs() * b.loss_mask
+        total += float(diff.sum())
+        most = max(most, float(diff.max()) if diff.numel() else 0.0)
+    return {"sum": total, "max": most}
 
 
 def _skip(policy: Any) -> dict[str, float]:

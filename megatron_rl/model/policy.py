@@ -56,7 +56,6 @@ from megatron_rl.model.gpt import (
     align_to_tokens,
     build_gpt_model,
     prediction_temperatures,
-    thd_params,
     use_te_spec,
     vocab_parallel_logprobs,
 )
@@ -134,7 +133,11 @@ class Policy:
 
     def _packed_inputs(self, batch: PackedBatch) -> tuple[Tensor, Tensor | None, Any]:
         """tokens [1, T], no mask, THD PackedSeqParams (TE on GPU, varlen attention on CPU)."""
-        return batch.tokens[None], None, thd_params(batch.cu_seqlens)
+        from megatron_rl.model.attention import row_params
+
+        if batch.shared_prefix and self.spec == "te":
+            raise ValueError("shared-prefix rows need the local spec (see shared_prefix_supported)")
+        return batch.tokens[None], None, row_params(batch)
 
     def _run_schedule(
         self,

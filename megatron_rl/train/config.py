@@ -18,6 +18,7 @@ class TrainConfig(OptimizerConfig):
     steps: int = 100  # optimizer steps in the run
     micro_batch_tokens: int = 4096  # token budget of one packed micro-batch (training pass)
     logprob_micro_batch_tokens: int = 8192  # token budget of one micro-batch (log-prob pass)
+    shared_prefix: bool = True  # RL rows hold each group's prompt once (local spec; TE: off)
     threads: int = 0  # torch CPU threads (0: all cores)
 
     def validate(self) -> None:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from long_context.packing import PackedBatch
+from megatron_rl.model.arch import family
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import have_transformer_engine
 
@@ -89,6 +90,7 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
 def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
     """Transformer-layer spec: TE on GPU when available, megatron-core local otherwise.
 
+    The architecture's options (its family's ``spec_options``: QK layernorm, ...) go to both.
     The local spec's core attention takes TE's THD ``PackedSeqParams`` interface: with ``cp > 1``
     the CPU context-parallel one (``long_context/cp_attention.py``), else
     :class:`~megatron_rl.model.attention.VarlenDotProductAttention` (per-sequence causal SDPA for
@@ -96,9 +98,10 @@ def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    options = family(cfg).spec_options(cfg)  # qk_layernorm, ... of this architecture
     if use_te_spec():
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
-    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=False)
+        return specs.get_gpt_layer_with_transformer_engine_spec(**options)
+    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **options)
     if cp > 1:
         from long_context.cp_attention import CPDotProductAttention
 

@@ -25,7 +25,7 @@ start), which no loss uses (prompt tokens are never trained).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ def pack(
     seqs: Sequence[Sequence[int]],
     loss_masks: Sequence[Sequence[float]],
     seq_ids: Sequence[int] | None = None,
-    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    extras: Mapping[str, Sequence[Sequence[float]]] | None = None,
 ) -> PackedBatch:
     """Concatenate sequences (each a list of token ids, with a same-length loss mask)."""
     if len(seqs) != len(loss_masks):
@@ -184,7 +184,7 @@ def group_bins(
 def _check_group(
     seqs: Sequence[Sequence[int]],
     loss_masks: Sequence[Sequence[float]],
-    extras: dict[str, Sequence[Sequence[float]]],
+    extras: Mapping[str, Sequence[Sequence[float]]],
     members: Sequence[int],
     p: int,
 ) -> None:
@@ -208,7 +208,7 @@ def pack_groups(
     loss_masks: Sequence[Sequence[float]],
     groups: Sequence[Sequence[int]],
     prompt_lens: Sequence[int],
-    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    extras: Mapping[str, Sequence[Sequence[float]]] | None = None,
 ) -> PackedBatch:
     """Shared-prefix packing of whole groups (see the module docstring) into one row.
 

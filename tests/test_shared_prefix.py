@@ -17,84 +17,30 @@ Each check also has teeth against the two ways it could be silently wrong:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 from conftest import tiny_model_config
+from prefix_data import (
+    TEMPS,
+    compare_per_sample,
+    expected_tokens,
+    layouts,
+    main_grads,
+    make_groups,
+    rows_seen,
+    segment_local_positions,
+)
 
-from long_context.packing import PackedBatch, group_bins, group_tokens, pack, pack_groups
-from long_context.packing import sample_rows
+from long_context.packing import (
+    group_bins,
+    group_tokens,
+    pack_groups,
+    sample_rows,
+)
 
 CFG = tiny_model_config(max_position_embeddings=256)
-PROMPTS = [9, 14, 5, 2]  # prompt length per group (2: the smallest prompt that is shared)
-SIZES = [4, 3, 4, 2]  # members per group
-TEMPS = [1.0, 0.7, 1.3, 1.0]  # each group's sampling temperature (extras["temp"])
-
-
-def make_groups(seed: int = 0) -> dict[str, Any]:
-    """Samples of four groups: prompt + response tokens, masks (env tokens 0), extras."""
-    rng = random.Random(seed)
-    seqs, masks, plens, groups = [], [], [], []
-    extras: dict[str, list[list[float]]] = {"adv": [], "temp": [], "rollout_lp": []}
-    for p, g, t in zip(PROMPTS, SIZES, TEMPS, strict=True):
-        prompt = [rng.randrange(CFG.vocab_size) for _ in range(p)]
-        groups.append(list(range(len(seqs), len(seqs) + g)))
-        for _ in range(g):
-            r = rng.randint(1, 12)
-            seqs.append(prompt + [rng.randrange(CFG.vocab_size) for _ in range(r)])
-            masks.append([0.0] * p + [float(rng.random() > 0.2) for _ in range(r)])
-            plens.append(p)
-            a = rng.uniform(-1, 1)
-            extras["adv"].append([0.0] * p + [a] * r)
-            extras["temp"].append([t] * (p + r))
-            extras["rollout_lp"].append([0.0] * p + [-rng.random() for _ in range(r)])
-    return {"seqs": seqs, "masks": masks, "plens": plens, "groups": groups, "extras": extras}
-
-
-def layouts(d: dict[str, Any], temps: bool) -> tuple[PackedBatch, PackedBatch]:
-    """The same samples packed plainly and with shared prefixes (one row each)."""
-    extras = {k: v for k, v in d["extras"].items() if temps or k != "temp"}
-    plain = pack(d["seqs"], d["masks"], extras=extras)
-    shared = pack_groups(d["seqs"], d["masks"], d["groups"], d["plens"], extras)
-    return plain, shared
-
-
-def expected_tokens(d: dict[str, Any]) -> int:
-    """Tokens of a row that holds each prompt once: p - 1 + sum(r + 1) per group."""
-    return sum(group_tokens([len(d["seqs"][i]) for i in g], d["plens"][g[0]]) for g in d["groups"])
-
-
-@contextmanager
-def rows_seen(policy: Any) -> Iterator[list[int]]:
-    """Token counts the first transformer layer ran over, one per forward."""
-    seen: list[int] = []
-
-    def hook(module: Any, args: Any, kwargs: Any) -> None:
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        seen.append(int(hidden.shape[0]))
-
-    handle = policy.module.decoder.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-def compare_per_sample(plain: PackedBatch, shared: PackedBatch, a: torch.Tensor,
-                       b: torch.Tensor, plens: list[int]) -> float:  # fmt: skip
-    """Max |a - b| over every sample token but the prompt's last (a segment start when shared)."""
-    pa, sb = sample_rows(plain), sample_rows(shared)
-    worst = 0.0
-    for i, rows in pa.items():
-        keep = torch.ones(rows.numel(), dtype=torch.bool)
-        if shared.prefix_of[shared.seq_ids.index(i)] >= 0:
-            keep[plens[i] - 1] = False
-        assert sb[i].numel() == rows.numel()
-        worst = max(worst, float((a[rows][keep] - b[sb[i]][keep]).abs().max()))
-    return worst
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +53,7 @@ def policy(dist1: Any) -> Any:
 
 
 def test_layout_holds_each_prompt_once() -> None:
-    d = make_groups()
+    d = make_groups(CFG.vocab_size)
     plain, shared = layouts(d, temps=True)
     assert shared.num_tokens == expected_tokens(d) < plain.num_tokens
     assert shared.shared_prefix and not plain.shared_prefix
@@ -125,7 +71,7 @@ def test_layout_holds_each_prompt_once() -> None:
 
 
 def test_pack_groups_refuses_what_cannot_be_shared() -> None:
-    d = make_groups()
+    d = make_groups(CFG.vocab_size)
     bad = [list(s) for s in d["seqs"]]
     bad[1][0] = (bad[1][0] + 1) % CFG.vocab_size
     with pytest.raises(ValueError, match="does not start with its group's prompt"):
@@ -152,48 +98,26 @@ def test_group_bins_split_a_group_over_budget() -> None:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_logprobs_and_entropy_equal_plain_packing(policy: Any, temperature: float) -> None:
-    d = make_groups()
+    d = make_groups(CFG.vocab_size)
     plain, shared = layouts(d, temps=False)
     with rows_seen(policy) as seen:
-        (lp_s, ent_s), = policy.token_logprobs([shared], temperature, with_entropy=True)  # fmt: skip
+        ((lp_s, ent_s),) = policy.token_logprobs([shared], temperature, with_entropy=True)
     assert seen == [expected_tokens(d)]  # the layers ran over each prompt once
-    (lp_p, ent_p), = policy.token_logprobs([plain], temperature, with_entropy=True)  # fmt: skip
+    ((lp_p, ent_p),) = policy.token_logprobs([plain], temperature, with_entropy=True)
     assert compare_per_sample(plain, shared, lp_p, lp_s, d["plens"]) < 1e-5
     assert compare_per_sample(plain, shared, ent_p, ent_s, d["plens"]) < 1e-5
     # teeth: RoPE positions restarting in every segment change the result
     restarted = pack_groups(d["seqs"], d["masks"], d["groups"], d["plens"])
     restarted.position_ids = segment_local_positions(restarted)
-    (lp_r, _), = policy.token_logprobs([restarted], temperature)  # fmt: skip
+    ((lp_r, _),) = policy.token_logprobs([restarted], temperature)
     assert compare_per_sample(plain, restarted, lp_p, lp_r, d["plens"]) > 1e-3
 
 
-def segment_local_positions(batch: PackedBatch) -> torch.Tensor:
-    """Positions restarting at 0 in every segment (what megatron-core's THD RoPE would use)."""
-    starts = torch.repeat_interleave(batch.cu_seqlens[:-1].long(), torch.tensor(batch.seq_lens()))
-    return torch.arange(batch.num_tokens) - starts
-
-
-def main_grads(policy: Any, batches: list[PackedBatch], n_global: float) -> dict[str, Any]:
-    """Every parameter's gradient of an RL-shaped loss (policy term, entropy) over ``batches``."""
-
-    def loss_fn(b: PackedBatch, lp: torch.Tensor, ent: torch.Tensor) -> Any:
-        mask = b.loss_mask
-        pg = -(b.extras["adv"] * torch.exp(lp - b.extras["rollout_lp"].detach()) * mask).sum()
-        loss = (pg - 0.05 * (ent * mask).sum()) / n_global
-        return loss, {"pg": float(pg)}
-
-    policy.zero_grad()
-    policy.forward_backward(batches, loss_fn)
-    grads = {n: p.main_grad.detach().clone() for n, p in policy.model.named_parameters()}
-    policy.zero_grad()
-    return grads
-
-
 def test_grads_equal_plain_packing_per_token_temperature(policy: Any) -> None:
-    d = make_groups(seed=1)
+    d = make_groups(CFG.vocab_size, seed=1)
     plain, shared = layouts(d, temps=True)
-    (lp_p, ent_p), = policy.token_logprobs([plain], with_entropy=True)  # fmt: skip
-    (lp_s, ent_s), = policy.token_logprobs([shared], with_entropy=True)  # fmt: skip
+    ((lp_p, ent_p),) = policy.token_logprobs([plain], with_entropy=True)
+    ((lp_s, ent_s),) = policy.token_logprobs([shared], with_entropy=True)
     assert compare_per_sample(plain, shared, lp_p, lp_s, d["plens"]) < 1e-5
     assert compare_per_sample(plain, shared, ent_p, ent_s, d["plens"]) < 1e-5
     n = float(plain.loss_mask.sum())
@@ -212,3 +136,82 @@ def test_grads_equal_plain_packing_per_token_temperature(policy: Any) -> None:
     rows = [pack_groups(d["seqs"], d["masks"], b, d["plens"], d["extras"]) for b in bins]
     g_rows = main_grads(policy, rows, n)
     assert max(float((g - g_rows[k]).abs().max()) for k, g in g_plain.items()) < 1e-5
+
+
+def rl_groups(seed: int = 2) -> list[Any]:
+    """Scored GRPO groups of 4 as the rollout phase returns them (prompts of 2-14 tokens)."""
+    from megatron_rl.scheduler import GroupSpec
+    from megatron_rl.train.rollout_phase import Group, Sample
+
+    d = make_groups(CFG.vocab_size, seed=seed, sizes=[4, 4, 4, 4])
+    rng = random.Random(seed)
+    groups = []
+    for members, temp in zip(d["groups"], TEMPS, strict=True):
+        g = Group(GroupSpec("d", 0, temp), None)  # type: ignore[arg-type]
+        for i in members:
+            p = d["plens"][i]
+            resp = d["seqs"][i][p:]
+            lps = [-4.0 - 2 * rng.random() for _ in resp]  # around the model's ~-4.8: TIS bites
+            mask = d["masks"][i][p:]
+            g.samples.append(Sample("d", d["seqs"][i][:p], resp, lps, mask, "x", "stop",
+                                    float(rng.random() > 0.5)))  # fmt: skip
+        g.samples[0].reward, g.samples[1].reward = 1.0, 0.0  # every group has signal
+        groups.append(g)
+    return groups
+
+
+def test_rl_step_weights_equal_plain_packing(policy: Any) -> None:
+    """One RL step (TIS, KL to a reference as a loss, entropy bonus, per-token temperatures)
+    from the same weights: the weights after it agree within 1e-5, packed either way."""
+    from megatron_rl.config import load_config
+    from megatron_rl.train.rl_step import build_batches, global_normalizer, train_step
+
+    cfg = load_config(None, ["rl.kl_coef=0.1", "rl.kl_estimator=k3", "rl.entropy_coef=0.01",
+                             "rl.tis_cap=1.5", "train.lr=1e-3", "train.grad_clip=1.0"])  # fmt: skip
+    cfg.train.adam_eps = 1e-4  # Adam's first step is ~lr * sign(g): keep rounding from flipping
+    groups, kept = rl_groups(), [0, 1, 2, 3]
+    start, opt0 = policy.model_state_shard(), policy.optimizer_state()
+    perturbed = {k: v + 0.01 * torch.randn_like(v) for k, v in start.items()}
+    out = {}
+    for shared in (False, True):
+        shares, _ = build_batches(groups, kept, "grpo", budget=80, shared_prefix=shared)
+        batches = shares[0]
+        policy.load_model_state_shard(perturbed)  # the reference: other weights, so KL != 0
+        ref_lp = [lp for lp, _ in policy.token_logprobs(batches)]
+        policy.load_model_state_shard(start)
+        norm = global_normalizer(shares, cfg.rl.loss_agg)
+        with rows_seen(policy) as seen:
+            metrics = train_step(policy, cfg, batches, 0, ref_lp, norm)
+        out[shared] = (policy.model_state_shard(), metrics, sum(seen), len(batches))
+        policy.load_model_state_shard(start)
+        policy.load_optimizer_state(opt0)
+    (w_plain, m_plain, t_plain, _), (w_shared, m_shared, t_shared, n_rows) = out[False], out[True]
+    once = sum(group_tokens([len(s.prompt_ids) + len(s.response_ids) for s in g.samples],
+                            len(g.samples[0].prompt_ids)) for g in groups)  # fmt: skip
+    assert n_rows >= 2 and t_shared == once < t_plain  # the layers ran over each prompt once
+    assert m_shared["train/response_tokens"] == m_plain["train/response_tokens"]
+    for key in ("loss/total", "loss/kl", "loss/entropy", "loss/tis_weight_mean", "loss/pg"):
+        assert m_shared[key] == pytest.approx(m_plain[key], abs=1e-6), key
+    assert abs(m_plain["loss/kl"]) > 1e-4 and m_plain["loss/tis_clip_frac"] > 0
+    moved = max(float((w_plain[k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-4
+    for k in start:
+        err = float((w_plain[k] - w_shared[k]).abs().max())
+        assert err < 1e-5, f"{k}: {err:.2e}"
+
+
+def test_te_spec_falls_back_to_plain_packing_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under Transformer Engine's spec (GPU) the RL step packs one sequence per sample and says
+    so once; the local spec (CPU) shares prefixes; off is off."""
+    from megatron_rl.train import rl_step
+
+    assert rl_step.shared_prefix_enabled(True) and not rl_step.shared_prefix_enabled(False)
+    monkeypatch.setattr(rl_step, "use_te_spec", lambda: True)
+    with caplog.at_level("INFO", logger="megatron_rl.train.rl_step"):
+        assert not rl_step.shared_prefix_enabled(True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "packing one sequence per sample" in lines[0]
+    shares, _ = rl_step.build_batches(rl_groups(), [0, 1], "grpo", budget=1000, shared_prefix=False)
+    assert not any(b.shared_prefix for b in shares[0])

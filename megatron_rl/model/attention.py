@@ -106,7 +106,9 @@ def _prefix_plan(
             dim=2,
         )
         kv = torch.cat([pre, gather], dim=1)
-        shared.append((gather.to(device), kv.to(device), mask[:, None].to(device), valid.to(device)))
+        shared.append(
+            (gather.to(device), kv.to(device), mask[:, None].to(device), valid.to(device))
+        )
         rows.append(gather.flatten()[valid])
     inverse = torch.empty(starts[-1], dtype=torch.long)
     inverse[torch.cat(rows)] = torch.arange(starts[-1])
@@ -206,7 +208,7 @@ class TokenRotaryEmbedding(torch.nn.Module):
     goes to the wrapped module unchanged. It holds no parameters (the state dict is unchanged).
     """
 
-    def __init__(self, inner: torch.nn.Module) -> None:
+    def __init__(self, inner: Any) -> None:
         super().__init__()
         self.inner = inner
 

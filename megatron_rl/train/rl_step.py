@@ -31,6 +31,7 @@ from megatron_rl.train.rollout_phase import Group
 
 log = logging.getLogger(__name__)
 
+
 def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Packed per-token values [T] -> [n, L_max] (zeros past each sequence's end); keeps grad."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]

@@ -18,6 +18,7 @@ from megatron_rl.domains.jsonl import append_eval_failures
 from megatron_rl.model.policy import Policy
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine, build_engine
+from megatron_rl.rollout.process_engine import oversubscribed, resolve
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.scheduler.curves import curves_png
 from megatron_rl.train.evaluate import evaluate
@@ -29,8 +30,12 @@ log = logging.getLogger(__name__)
 def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
     """Start the configured engine on HF-layout weights (the controller's, global rank 0 only)."""
     t0 = time.time()
-    engine = build_engine(rt.cfg.rollout, str(weights), rt.cfg.seed)
-    log.info("rollout engine %r ready in %.1f s", rt.cfg.rollout.engine, time.time() - t0)
+    cfg = rt.cfg
+    rollout = resolve(cfg.rollout, cfg.rl.off_policy, cfg.train.threads)
+    if rollout.process == "own" and (warning := oversubscribed(cfg.train.threads, rollout.threads)):
+        log.warning(warning)
+    engine = build_engine(rollout, str(weights), cfg.seed)
+    log.info("rollout engine %r ready in %.1f s", cfg.rollout.engine, time.time() - t0)
     return engine
 
 

@@ -70,7 +70,9 @@ DIFFERENCES = [
     "~1 here: same weights, same numerics); TRL has no separate engine",
     "megatron-rl packs each group's prompt once (shared-prefix rows); TRL computes it per sample",
     "the overlapped ratio is one-step off-policy (samples one policy version old, corrected by "
-    "truncated importance sampling); TRL's GRPOTrainer here is synchronous",
+    "truncated importance sampling) and generates in a second process with its own torch "
+    "thread, so it uses two cores where the synchronous runs of both tools use one; TRL's "
+    "GRPOTrainer here is synchronous",
 ]
 
 

@@ -149,6 +149,10 @@ def build_gpt_model(
         rotary_base=int(cfg.rotary_base),
     )
     moe.allow_tp_without_sp(model, parallel.tp)  # MoE layers only (see moe.py)
+    if not use_te_spec():  # shared-prefix rows (per-token RoPE) run on the local spec only
+        from megatron_rl.model.attention import install_token_rope
+
+        install_token_rope(model)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

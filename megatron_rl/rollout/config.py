@@ -63,6 +63,11 @@ class RolloutConfig:
     """Which engine generates completions, and how."""
 
     engine: str = "hf"  # registered engine name: 'hf' (transformers), 'vllm', 'sglang'
+    process: Literal["auto", "same", "own"] = "auto"  # where an embedded engine (hf, vllm) runs:
+    # 'same' (the trainer's process), 'own' (a child process, rollout/process_engine.py),
+    # 'auto' ('own' with rl.off_policy, so generation overlaps training; else 'same')
+    threads: int = 0  # torch CPU threads of an engine in its own process (0: the cores that
+    # train.threads leaves, at least 1)
     max_new_tokens: int = 64  # response length cap, tokens
     top_p: float = 1.0  # nucleus sampling
     stop: list[str] = field(default_factory=list)  # stop strings (besides the EOS token)
@@ -93,6 +98,10 @@ class RolloutConfig:
             )
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"rollout.block_size must be >= 1 or null, got {self.block_size}")
+        if self.process not in ("auto", "same", "own"):
+            raise ValueError(f"rollout.process must be auto, same or own, got {self.process!r}")
+        if self.threads < 0:
+            raise ValueError(f"rollout.threads must be >= 0, got {self.threads}")
         if self.sync_every < 1:
             raise ValueError(f"rollout.sync_every must be >= 1, got {self.sync_every}")
         if self.sglang.weight_sync == "distributed" and self.sync_mode != "memory":

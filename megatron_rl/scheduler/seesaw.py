@@ -1,8 +1,10 @@
 """Seesaw guard: flag domains whose held-out eval fell below their own best, noise-aware.
 
-Each eval sweep gives, per domain, one score per task of a *fixed* eval set (e.g. the pass rate
-of k samples on that task). The guard keeps the per-task scores of the domain's best sweep and
-tests the paired per-task difference ``now - best`` with a bootstrap over tasks: a domain is
+Each eval sweep gives, per domain, one score per *distinct prompt* of a fixed eval set (its
+greedy score, or the pass rate of its k samples; ``megatron_rl/train/prompt_sets.py`` never
+repeats a prompt, so the bootstrap resamples independent units, not copies of one). The guard
+keeps the per-prompt scores of the domain's best sweep and tests the paired per-prompt
+difference ``now - best`` with a bootstrap over prompts: a domain is
 flagged as regressed when the mean drop exceeds ``seesaw_min_drop`` *and* the one-sided
 ``1 - seesaw_alpha`` bootstrap upper bound of the mean difference is below 0. The pairing
 removes task-difficulty variance, so a 64-task set can see drops a raw two-sample test would

@@ -25,11 +25,13 @@ from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
+from megatron_rl.train.rl_eval import RLEval, run_eval, summarize
 from megatron_rl.train.rl_step import (
     build_batches,
     drgrpo_constant,
     global_normalizer,
     kl_reward_penalties,
+    shared_prefix_enabled,
 )
 from megatron_rl.train.rollout_phase import Group, RolloutProducer, rollout_metrics
 from megatron_rl.train.runtime import Runtime
@@ -54,9 +56,11 @@ class Controller:
         if state:
             self.sched.load_state_dict(state["scheduler"])
         self.cursor: dict[str, int] = state.get("cursor", {})
+        self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix)
+        self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
         self.engine = report.start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
-        self.eval_before = state.get("eval_before") or self.evaluate(-1)
+        self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
             self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg, rt.start_step
@@ -85,12 +89,14 @@ class Controller:
         penalty = None
         if cfg.rl.kl_in_reward and self.ref is not None and kept:
             penalty, kl_stats = kl_reward_penalties(
-                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens
-            )
+                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens,
+                self.shared_prefix,
+            )  # fmt: skip
             metrics.update(kl_stats)
         shares, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp, penalty
-        )
+            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp,
+            penalty, self.shared_prefix,
+        )  # fmt: skip
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:
@@ -107,8 +113,9 @@ class Controller:
         self.producer.synced(optimizer_steps)
         return out
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        return report.run_eval(self.rt, self.engine, self.domains, self.sched, step, self.monitor)
+    def evaluate(self, step: int, with_train: bool = False) -> dict[str, Any]:
+        rt, sched = self.rt, self.sched
+        return run_eval(rt, self.engine, self.evals, sched, step, self.monitor, with_train)
 
     def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> report.Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
@@ -145,6 +152,7 @@ class Controller:
         if preempted_at is not None:
             return report.finish(self.rt, self.engine, {"completed": False,
                                                          "preempted_at": preempted_at})  # fmt: skip
-        after = self.evaluate(self.cfg.train.steps)
-        summary = report.summarize(self.rt, self.eval_before, after, time.time() - self.wall0)
+        steps = self.cfg.train.steps
+        after = self.evaluate(steps, with_train=True)
+        summary = summarize(self.rt, self.eval_before, after, time.time() - self.wall0, steps)
         return report.finish(self.rt, self.engine, summary)

@@ -196,7 +196,21 @@ def which_line(rng: random.Random, chars: int, records: int = N_RECORDS) -> Retr
     return RetrievalTask("which_line", body + question, lines[picks[0]], (depth,))
 
 
+def digit_needle(rng: random.Random, chars: int, records: int = 1) -> RetrievalTask:
+    """One record ``The secret digit is <d>.`` in prose (the document's only digit); asks for the
+    digit; answer the digit alone. ``records`` is accepted for the generators' common signature
+    and must be 1: the kind has no decoys (the needle is found by what it is, not by a key)."""
+    if records != 1:
+        raise ValueError(f"digit_needle has exactly one record (no decoys), got records={records}")
+    digit = str(rng.randrange(10))
+    fact = f"The secret digit is {digit}."
+    question = "\nQuestion: What is the secret digit? Answer with the digit."
+    body, depths = _prose(rng, [fact], chars - len(question))
+    return RetrievalTask("digit_needle", body + question, digit, (depths[0],))
+
+
 GENERATORS: dict[str, Callable[..., RetrievalTask]] = {  # (rng, chars, records=N_RECORDS)
+    "digit_needle": digit_needle,
     "kv_lookup": kv_lookup,
     "multi_needle": multi_needle,
     "which_line": which_line,

@@ -49,7 +49,8 @@ def write_pairs(
             # lengths grow through the file from lo towards hi (a length curriculum when the SFT
             # keeps the file's order, sft.shuffle: false): line k draws from [lo, lo + span]
             top = lo + round((hi - lo) * min(1.0, 2.0 * (written + 1) / n))
-            task = _task(rng, kind, rng.randint(lo, top), hi, records_at(written / n))
+            records = 1 if kind == "digit_needle" else records_at(written / n)  # no decoys there
+            task = _task(rng, kind, rng.randint(lo, top), hi, records)
             if split_of(task.prompt) != "train":
                 continue
             f.write(json.dumps({"prompt": task.prompt, "response": task.gold, "kind": kind}) + "\n")

@@ -86,11 +86,14 @@ def test_sft_data_is_training_split_only(tmp_path: Path) -> None:
     out = tmp_path / "sft.jsonl"
     assert write_pairs(out, 90, 180, 400, seed=3) == 90
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["kind"] for r in rows} == {"kv_lookup", "multi_needle", "which_line"}
+    assert {r["kind"] for r in rows} == {"digit_needle", "kv_lookup", "multi_needle", "which_line"}
     assert all(split_of(r["prompt"]) == "train" and 180 <= len(r["prompt"]) <= 400 for r in rows)
     assert all(r["response"] in r["prompt"] or r["kind"] == "multi_needle" for r in rows)
     with pytest.raises(ValueError, match="unknown kind"):
         write_pairs(out, 1, 180, 400, seed=3, kinds=["needle"])
+    assert write_pairs(out, 40, 100, 400, seed=3, kinds=["digit_needle"]) == 40  # one record
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(len(r["response"]) == 1 and r["response"] in r["prompt"] for r in rows)
 
 
 def test_benchmark_record_checks_the_acceptance_gains(tmp_path: Path) -> None:

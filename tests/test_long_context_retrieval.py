@@ -25,6 +25,10 @@ def read_back(kind: str, prompt: str) -> str:
     """The answer as a reader finds it in the document (independent of the generator)."""
     doc, question = prompt.rsplit("\nQuestion: ", 1)
     names = re.findall(NAME, question)
+    if kind == "digit_needle":
+        (digit,) = re.findall(r"\d", doc)  # the document's only digit
+        assert re.search(rf"The secret digit is {digit}\.", doc)
+        return digit
     if kind == "which_line":
         (line,) = [x for x in doc.split("\n") if x.startswith(names[0] + " ")]
         return line
@@ -70,10 +74,11 @@ def test_contract_and_exact_scoring(name: str) -> None:
     t = d.task("eval", 0, 1, seed=5)
     assert d.verify(t, t.gold).score == 1.0
     assert d.verify(t, f"  {t.gold}\n").score == 1.0
-    k = len(t.gold) - 3  # a digit of the (last) code, or a letter of the line's last word
+    k = max(0, len(t.gold) - 3)  # a digit of the (last) code (or the digit), or a letter of the
+    # line's last word
     wrong = t.gold[:k] + ("1" if t.gold[k] != "1" else "2") + t.gold[k + 1 :]
     assert d.verify(t, wrong).score == 0.0
-    assert d.verify(t, t.gold[:-1]).score == 0.0  # no partial credit
+    assert d.verify(t, t.gold[:-1] or "The secret digit").score == 0.0  # no partial credit
     assert d.verify(t, t.gold + " " + t.gold).score == 0.0
 
 
@@ -98,3 +103,11 @@ def test_pad_text_is_exact() -> None:
     rng = random.Random(0)
     for n in range(0, 40):
         assert len(pad_text(rng, n)) == n
+
+
+def test_digit_needle_has_one_record_and_every_digit() -> None:
+    tasks = [generate("digit_needle", 1, random.Random(s)) for s in range(200)]
+    assert {t.gold for t in tasks} == set("0123456789")
+    assert all(t.prompt.count("secret digit is") == 1 for t in tasks)
+    with pytest.raises(ValueError, match="records=2"):
+        GENERATORS["digit_needle"](random.Random(0), 512, 2)

@@ -140,6 +140,18 @@ def test_curriculum_start_level():
         SchedulerConfig(curriculum_start_level=-1).validate()
 
 
+def test_curriculum_max_level_caps_promotion():
+    """scheduler.curriculum_max_level: a domain that keeps passing stops at the cap (issue 27)."""
+    cfg = SchedulerConfig(curriculum=True, curriculum_min_samples=8, curriculum_max_level=1)
+    sched = DomainScheduler(cfg, domains(1, levels=4), seed=0)
+    for step in range(6):
+        feed(sched, {"g0/d0": 1.0}, step=step, groups=2)
+    assert sched.curriculum.current_levels().tolist() == [1]
+    assert [e["to_level"] for e in sched.events if e["event"] == "promote"] == [1]
+    with pytest.raises(ValueError, match="curriculum_max_level=0 must be -1"):
+        SchedulerConfig(curriculum_start_level=1, curriculum_max_level=0).validate()
+
+
 def test_zero_variance_refill_keeps_batch_size_and_mix():
     cfg = SchedulerConfig(filter_zero_variance=True, oversample=2.0)
     sched = DomainScheduler(cfg, domains(2), seed=0)

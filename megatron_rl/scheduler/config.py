@@ -54,6 +54,7 @@ class SchedulerConfig:
     demote_threshold: float = 0.1  # demote when the pass rate's upper bound is below this
     curriculum_min_samples: int = 64  # samples at the current level before a level change
     curriculum_start_level: int = 0  # each domain starts at its lowest level >= this (else top)
+    curriculum_max_level: int = -1  # never promote a domain above this level (-1: its top level)
     # --- zero-variance filter ------------------------------------------------------------------
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal and refill
     oversample: float = 1.0  # generated / trained groups when filtering (extras refill drops)
@@ -147,6 +148,13 @@ class SchedulerConfig:
         if self.curriculum_start_level < 0:
             raise ValueError(
                 f"scheduler.curriculum_start_level={self.curriculum_start_level} must be >= 0"
+            )
+        if self.curriculum_max_level != -1 and (
+            self.curriculum_max_level < self.curriculum_start_level
+        ):
+            raise ValueError(
+                f"scheduler.curriculum_max_level={self.curriculum_max_level} must be -1 (each "
+                f"domain's top) or >= curriculum_start_level={self.curriculum_start_level}"
             )
         if self.oversample < 1.0:
             raise ValueError(f"scheduler.oversample={self.oversample} must be >= 1")

@@ -48,7 +48,7 @@ class Curriculum:
         cfg = self.cfg
         mean, sd = stats.level_pass_rate()
         ready = seen & (stats.sums["lvl_n"] >= cfg.curriculum_min_samples)
-        top = np.array([len(lv) - 1 for lv in self.levels])
+        top = np.array([self._top(lvs) for lvs in self.levels])
         up = ready & (mean - cfg.confidence_z * sd > cfg.promote_threshold) & (self.index < top)
         down = ready & (mean + cfg.confidence_z * sd < cfg.demote_threshold) & (self.index > 0)
         events = []
@@ -66,6 +66,13 @@ class Curriculum:
                 }
             )
         return events
+
+    def _top(self, levels: list[int]) -> int:
+        """Index of the highest level a domain may be promoted to (``curriculum_max_level``)."""
+        cap = self.cfg.curriculum_max_level
+        if cap < 0:
+            return len(levels) - 1
+        return max([k for k, lv in enumerate(levels) if lv <= cap], default=0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"index": self.index.tolist()}

@@ -49,11 +49,13 @@ long-context: setup
 	$(BIN)/python benchmarks/long_context_learning.py runs/long_context_cpu
 
 # Reproduce the long-context warm start models/tiny-long-sft: SFT of models/tiny-base-long on
-# short retrieval documents (180-400 tokens, training split only).
+# short digit_needle documents (training split only; 300 steps read the first 4,800 of the file's
+# 12,000, whose lengths grow from 100 to 329 characters).
 long-context-base: setup
-	$(BIN)/python -m long_context.sft_data runs/long_sft_data.jsonl --n 60000 --chars 180 400
+	$(BIN)/python -m long_context.sft_data runs/long_sft_data.jsonl --n 12000 --chars 100 400 \
+		--kinds digit_needle
 	OMP_NUM_THREADS=1 $(BIN)/megatron-rl sft configs/long_sft.yaml
-	rm -rf models/tiny-long-sft && mkdir -p models/tiny-long-sft
+	mkdir -p models/tiny-long-sft
 	cp runs/long_sft/hf/* models/tiny-long-sft/
 
 # The GPU paths one GPU can check, in <= 5 min, with no set-up step (benchmarks/gpu_check.py):

@@ -1,0 +1,206 @@
+"""The scheduler benchmark's statistics, recomputed from its committed per-run extract.
+
+``benchmarks/scheduler_real.json`` holds, per run, the raw extract (``runs``: per-sweep
+per-domain scores with their standard errors and distinct-prompt counts, groups generated and
+trained per step, the guard's events) and the statistics computed from it (``stats``). This
+module is the one place those statistics are computed; run as a script it recomputes them from
+the extract alone and checks that they agree with the stored ones (exit 1 if not):
+
+    .venv/bin/python benchmarks/scheduler_stats.py [benchmarks/scheduler_real.json]
+
+Definitions (docs/scheduler.md, "Pre-registration"):
+
+* a run's score: the mean over domains of the final sweep's per-domain score (primary: sampled
+  pass@1 at T = 1; secondary: greedy accuracy); its eval-sampling standard error:
+  ``sqrt(sum_d se_d^2) / D`` from the per-domain standard errors over distinct prompts;
+* per seed, the paired difference arm - baseline; over seeds its mean, standard error, 95% t
+  interval, one-sided 95% lower bound and sign count;
+* headroom: the oracle's paired mean gain is above 2 of its standard errors;
+* the win: the adaptive arm's one-sided lower bound is above 0 and its mean gain is at least half
+  the oracle's;
+* a regression: a domain whose final score is more than ``tau`` below its best sweep, with
+  ``tau`` = 2 x the robust standard deviation (1.4826 x MAD) of the baseline arm's own
+  sweep-to-sweep changes, pooled over its domains, sweeps and seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BASELINE = "uniform + filter"
+ORACLE = "oracle static mix"
+ADAPTIVE = "adaptive"
+
+
+def t_cdf(x: float, df: int) -> float:
+    """Student-t CDF (Simpson integration of the density; |error| < 1e-7 for df >= 1)."""
+    if x < 0:
+        return 1.0 - t_cdf(-x, df)
+    grid = np.linspace(0.0, x, 4001)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    dens = np.exp(log_c - (df + 1) / 2 * np.log1p(grid**2 / df))
+    h = grid[1] - grid[0] if x > 0 else 0.0
+    area = h / 3 * (dens[0] + dens[-1] + 4 * dens[1:-1:2].sum() + 2 * dens[2:-1:2].sum())
+    return 0.5 + float(area)
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (bisection)."""
+    if not 0.5 <= q < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= q < 1 and df >= 1, got q={q}, df={df}")
+    lo, hi = 0.0, 1000.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def paired(diffs: list[float]) -> dict[str, Any]:
+    """Mean, SE, 95% t interval, one-sided 95% lower bound and sign count of paired diffs."""
+    d = np.asarray(diffs, dtype=float)
+    n = d.size
+    mean = float(d.mean())
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+    out: dict[str, Any] = {"n": n, "diffs": [float(x) for x in d], "mean": mean, "se": se}
+    if n > 1:
+        half = t_quantile(0.975, n - 1) * se
+        out.update(ci95=[mean - half, mean + half], lower95=mean - t_quantile(0.95, n - 1) * se)
+    out["positive"] = int((d > 0).sum())
+    return out
+
+
+def final_scores(run: dict[str, Any], metric: str) -> dict[str, dict[str, float]]:
+    """The last sweep's per-domain ``{score, se}`` of ``metric`` ('primary' or 'greedy')."""
+    last = run["sweeps"][-1]
+    return {d: {"score": v[metric], "se": v.get(f"{metric}_se", math.nan)}
+            for d, v in last["domains"].items()}  # fmt: skip
+
+
+def run_score(run: dict[str, Any], metric: str = "primary") -> tuple[float, float]:
+    """(mean over domains of the final score, its eval-sampling standard error)."""
+    fin = final_scores(run, metric)
+    scores = [v["score"] for v in fin.values()]
+    ses = [v["se"] for v in fin.values()]
+    return float(np.mean(scores)), float(math.sqrt(sum(s * s for s in ses)) / len(ses))
+
+
+def sweep_changes(run: dict[str, Any], metric: str = "primary") -> list[float]:
+    """Every domain's change between consecutive sweeps of one run."""
+    out = []
+    for prev, now in zip(run["sweeps"], run["sweeps"][1:], strict=False):
+        out += [now["domains"][d][metric] - prev["domains"][d][metric] for d in now["domains"]]
+    return out
+
+
+def regression_threshold(runs: list[dict[str, Any]], metric: str = "primary") -> float:
+    """2 x the robust SD (1.4826 x MAD) of the baseline runs' sweep-to-sweep changes."""
+    ch = np.concatenate([sweep_changes(r, metric) for r in runs])
+    return float(2 * 1.4826 * np.median(np.abs(ch - np.median(ch))))
+
+
+def regressions(run: dict[str, Any], tau: float, metric: str = "primary") -> list[str]:
+    """Domains whose final score is more than ``tau`` below their best sweep."""
+    best: dict[str, float] = {}
+    for sw in run["sweeps"]:
+        for d, v in sw["domains"].items():
+            best[d] = max(best.get(d, -math.inf), v[metric])
+    fin = run["sweeps"][-1]["domains"]
+    return sorted(d for d in fin if fin[d][metric] < best[d] - tau)
+
+
+def compare(
+    runs: dict[str, dict[str, Any]], arm: str, base: str, metric: str = "primary"
+) -> dict[str, Any] | None:
+    """Paired over the seeds both arms ran: arm - base."""
+    seeds = sorted(set(runs.get(arm, {})) & set(runs.get(base, {})), key=int)
+    if not seeds:
+        return None
+    diffs = [
+        run_score(runs[arm][s], metric)[0] - run_score(runs[base][s], metric)[0] for s in seeds
+    ]
+    return {"arm": arm, "baseline": base, "seeds": [int(s) for s in seeds], **paired(diffs)}
+
+
+def arm_summary(arm_runs: dict[str, dict[str, Any]], tau: float) -> dict[str, Any]:
+    """Per arm: per-seed score and eval-sampling SE (both metrics), regressions, guard events."""
+    per_seed = {}
+    for s, r in arm_runs.items():
+        p, p_se = run_score(r, "primary")
+        g, g_se = run_score(r, "greedy")
+        reg = regressions(r, tau)
+        events = [e for e in r["events"] if e.get("event") == "regression"]
+        per_seed[s] = {"primary": p, "primary_se": p_se, "greedy": g, "greedy_se": g_se,
+                       "regressed": reg, "guard_regression_events": len(events)}  # fmt: skip
+    vals = list(per_seed.values())
+    return {
+        "per_seed": per_seed,
+        "primary_mean": float(np.mean([v["primary"] for v in vals])),
+        "greedy_mean": float(np.mean([v["greedy"] for v in vals])),
+        "regressions_mean": float(np.mean([len(v["regressed"]) for v in vals])),
+        "guard_events_mean": float(np.mean([v["guard_regression_events"] for v in vals])),
+    }
+
+
+def budget_check(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every step of every run generated and trained the same numbers of groups."""
+    gen = {n for arm in runs.values() for r in arm.values() for n in r["groups_generated"]}
+    tr = {n for arm in runs.values() for r in arm.values() for n in r["groups_trained"]}
+    return {"generated": sorted(gen), "trained": sorted(tr), "equal": len(gen) == len(tr) == 1}
+
+
+def compute(doc: dict[str, Any]) -> dict[str, Any]:
+    """Every statistic of a report section (``runs``: arm -> seed -> extract)."""
+    runs = doc["runs"]
+    tau = regression_threshold(list(runs[BASELINE].values())) if BASELINE in runs else math.nan
+    out: dict[str, Any] = {"regression_threshold": tau, "budget": budget_check(runs)}
+    out["arms"] = {arm: arm_summary(r, tau) for arm, r in runs.items()}
+    out["vs_baseline"] = {
+        arm: {m: compare(runs, arm, BASELINE, m) for m in ("primary", "greedy")}
+        for arm in runs
+        if arm != BASELINE
+    }
+    for name, (arm, base) in doc.get("contrasts", {}).items():
+        out.setdefault("contrasts", {})[name] = compare(runs, arm, base)
+    oracle = out["vs_baseline"].get(ORACLE, {}).get("primary")
+    adaptive = out["vs_baseline"].get(ADAPTIVE, {}).get("primary")
+    if oracle:
+        out["headroom"] = bool(oracle["mean"] > 2 * oracle["se"])
+    if oracle and adaptive:
+        out["win"] = bool(adaptive["lower95"] > 0 and adaptive["mean"] >= 0.5 * oracle["mean"])
+        out["share_of_oracle_gain"] = adaptive["mean"] / oracle["mean"] if oracle["mean"] else None
+    return out
+
+
+def close(a: Any, b: Any, tol: float = 1e-9) -> bool:
+    """Recursive equality of JSON values, floats within ``tol`` (NaN equals NaN)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        fa, fb = float(a), float(b)
+        return (math.isnan(fa) and math.isnan(fb)) or abs(fa - fb) <= tol * max(1.0, abs(fa))
+    return bool(a == b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0] if argv else Path(__file__).with_name("scheduler_real.json"))
+    doc = json.loads(path.read_text())
+    bad = []
+    for name, section in doc.get("sections", {}).items():
+        again = json.loads(json.dumps(compute(section)))  # the same JSON round trip as stored
+        ok = close(again, section["stats"])
+        print(f"{name}: {'agrees' if ok else 'DISAGREES'} with the stored statistics")
+        bad += [] if ok else [name]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

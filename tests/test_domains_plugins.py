@@ -41,7 +41,8 @@ def _pip_install(target: Path, *packages: str) -> None:
 
 
 def _cli(target: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    # `check` records prompt-space sizes in the cache directory: keep it beside the packages
+    env = {**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(target.parent)}
     return subprocess.run(
         [*CLI, "domains", *args],
         capture_output=True,

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from megatron_rl.config import load_config
+from megatron_rl.domains import split_of
 from megatron_rl.model import hf_io
 from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
@@ -81,11 +82,34 @@ def train_rows(run_dir: Path) -> list[dict]:
 def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None:
     from megatron_rl.train.rl import train_rl
 
-    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "micro", 2))
+    # more held-out prompts asked for than the task set's eval split holds (8 of its 32)
+    # and the sampled metric: pass@1 of 2 samples at T=1, plus the greedy pass beside it
+    extra = ["rl.eval_samples_per_domain=64", "rl.eval_train_prompts=5"]
+    extra += ["rl.eval_samples_per_prompt=2", "rl.eval_temperature=1.0", "rl.eval_greedy_also=true"]
+    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "micro", 2, *extra))
     summary = train_rl(cfg)
     run = setup_dir / "runs" / "micro"
     assert set(summary) >= {"eval_before", "eval_after", "steps", "wall_s"}
-    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["steps"] == 2
+    rows = [json.loads(x) for x in (setup_dir / "tasks.jsonl").read_text().splitlines()]
+    n_eval = sum(split_of(r["prompt"]) == "eval" for r in rows)
+    row = on_disk["domains"]["tasks/tasks"]
+    assert row["distinct"] == n_eval and row["requested"] == 64  # each distinct prompt once
+    assert row["train_distinct"] == 5
+    for k in ("before", "after", "stderr_before", "stderr_after", "gain", "gain_stderr",
+              "train_before", "train_after", "gap_before", "gap_after"):  # fmt: skip
+        assert isinstance(row[k], float), (k, row)
+    assert row["gain"] == pytest.approx(row["after"] - row["before"], abs=1e-6)
+    assert row["gap_after"] == pytest.approx(row["train_after"] - row["after"], abs=1e-6)
+    sweeps = [m for m in metrics(run) if "eval/tasks/tasks/distinct" in m]
+    assert [m["eval/tasks/tasks/distinct"] for m in sweeps] == [n_eval, n_eval]
+    assert all("eval_train/tasks/tasks/accuracy" in m for m in sweeps)  # start and end
+    assert all(m["eval_greedy/tasks/tasks/distinct"] == n_eval for m in sweeps)
+    assert on_disk["metric"] == {"samples_per_prompt": 2, "temperature": 1.0}
+    assert set(on_disk["greedy_after"]) == set(on_disk["eval_after"])
+    scored = [json.loads(x) for x in (run / "eval_failures.jsonl").read_text().splitlines()]
+    assert {r["score"] for r in scored} <= {0.0, 0.5, 1.0}  # a prompt scores its 2 samples' mean
     rows = train_rows(run)
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:

@@ -2,11 +2,18 @@
 
     megatron-rl domains list [PATTERN...] [--json]
     megatron-rl domains show NAME [--samples N] [--level L]
-    megatron-rl domains check [PATTERN...] [--samples N] [--sample-domains K]
+    megatron-rl domains check [PATTERN...] [--samples N] [--sample-domains K] [--no-sizes]
     megatron-rl domains export-failures RUN_DIR [--out FILE]
 
 Plugin errors (a plugin that fails to import, duplicate names) are printed to stderr, naming the
 plugin; the other domains still work. ``check`` exits 1 on any contract failure or plugin error.
+
+``check`` also measures each (domain, level)'s room (``megatron_rl/domains/sizes.py``): the
+distinct prompts of its train and eval splits, estimated from capped draws, with levels flagged
+whose eval split holds under 128 distinct prompts or whose whole space is under 1,000 (too
+small to show generalisation). The sizes are recorded in the user's cache directory;
+``list --json`` shows them as ``prompt_space`` where a check recorded them (no draws in
+``list``). Flags do not fail the check: a small level is legal, it just cannot measure much.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import argparse
 import json
 import random
 
-from megatron_rl.domains import load_domains, registry
+from megatron_rl.domains import Domain, load_domains, registry, sizes
 from megatron_rl.domains.contract import check_domain
 from megatron_rl.domains.jsonl import FAILURES_FILE, export_failures
 
@@ -40,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-domains", type=int, default=0, help="check K random domains (0: all)")
     p.add_argument("--seed", type=int, default=0, help="task seed and domain sampling seed")
     p.add_argument("--task-file", action="append", default=[], help="extra JSONL task set")
+    p.add_argument("--no-sizes", action="store_true", help="skip the prompt-space estimate")
+    p.add_argument("--size-draws", type=int, default=2048, help="most draws per level (sizes)")
+    p.add_argument(
+        "--size-budget", type=float, default=0.25, help="seconds of draws per level (sizes)"
+    )
     p = sub.add_parser("export-failures", help=f"RUN_DIR/{FAILURES_FILE} -> JSONL task set")
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output file (default: RUN_DIR/failures.jsonl)")
@@ -55,6 +67,10 @@ def _list(args: argparse.Namespace) -> int:
     domains = load_domains(args.patterns or None, task_files=args.task_file)
     entries = [d.describe() for d in domains.values()]
     if args.json:
+        recorded = sizes.load_cache()
+        for e in entries:
+            if e["name"] in recorded:
+                e["prompt_space"] = recorded[e["name"]]
         print(json.dumps(entries, indent=1))
         return 0
     for e in entries:
@@ -86,7 +102,7 @@ def _check(args: argparse.Namespace) -> int:
     names = sorted(domains)
     if args.sample_domains and args.sample_domains < len(names):
         names = sorted(random.Random(args.seed).sample(names, args.sample_domains))
-    failed = 0
+    failed, measured = 0, {}
     for name in names:
         rep = check_domain(domains[name], samples=args.samples, seed=args.seed)
         status = "ok  " if rep.ok else "FAIL"
@@ -94,10 +110,39 @@ def _check(args: argparse.Namespace) -> int:
         for f in rep.failures[:5]:
             print(f"     - {f}")
         failed += not rep.ok
+        if not args.no_sizes and rep.ok:
+            measured[name] = _sizes(domains[name], args)
     print(
         f"{len(names) - failed}/{len(names)} domains pass the contract; {n_errors} plugin error(s)"
     )
+    if measured:
+        flagged = sum(bool(s.flags) for levels in measured.values() for s in levels)
+        n_levels = sum(len(v) for v in measured.values())
+        path = sizes.record(measured, args.seed)
+        print(
+            f"prompt spaces: {flagged}/{n_levels} levels flagged (eval < "
+            f"{sizes.MIN_EVAL_PROMPTS} distinct or space < {sizes.MIN_SPACE}, or too few draws "
+            f"to tell); recorded in {path}"
+        )
     return 1 if failed or n_errors else 0
+
+
+def _sizes(d: Domain, args: argparse.Namespace) -> list[sizes.LevelSize]:
+    """Estimate and print the prompt space of every level of ``d``."""
+    out = []
+    for level in d.levels:
+        try:
+            s = sizes.measure_level(d, level, args.seed, args.size_draws, args.size_budget)
+        except Exception as e:  # the contract passed, so this is a rare generator failure
+            print(f"     level {level}: size estimate failed: {type(e).__name__}: {e}")
+            continue
+        flags = f"  FLAG {','.join(s.flags)}" if s.flags else ""
+        print(
+            f"     level {level}: train {s.train.show()}, eval {s.eval.show()}, "
+            f"space {s.space.show()} ({s.space.draws} draws, {s.seconds:.2f}s){flags}"
+        )
+        out.append(s)
+    return out
 
 
 def _export(args: argparse.Namespace) -> int:

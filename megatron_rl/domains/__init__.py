@@ -9,6 +9,7 @@
 See docs/domains.md.
 """
 
+from megatron_rl.domains import sizes
 from megatron_rl.domains.base import (
     Domain,
     Env,
@@ -33,5 +34,6 @@ __all__ = [
     "extract_answer",
     "load_domains",
     "registry",
+    "sizes",
     "split_of",
 ]

@@ -159,6 +159,11 @@ class Domain:
     def max_answer_chars(self, task: Task) -> int:
         return max(4 * len(task.gold), 2000)
 
+    def prompt_counts(self, level: int) -> dict[str, int] | None:
+        """Exact distinct prompts per split at ``level`` where the domain knows them (a finite
+        task list); None for generators, whose spaces ``domains check`` estimates instead."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -69,6 +69,10 @@ class JsonlDomain(Domain):
         meta = {k: v for k, v in r.items() if k not in ("prompt", "gold", "split", "level", "id")}
         return Task(self.name, split, level, str(tid), r["prompt"], r["gold"], meta)
 
+    def prompt_counts(self, level: int) -> dict[str, int] | None:
+        rows = [r for r in self.rows if int(r.get("level", 0)) == level]
+        return {s: len({r["prompt"] for r in rows if r["split"] == s}) for s in self.splits}
+
     def max_answer_chars(self, task: Task) -> int:
         return (
             20_000

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,10 @@ def curve_data(run_dir: str | Path) -> CurveData:
 
 
 def _is_eval_key(key: str) -> bool:
-    return key.startswith("eval/") and key.endswith("/accuracy") and key.count("/") >= 2
+    """A domain's held-out accuracy (not one of its per-level accuracies)."""
+    if not (key.startswith("eval/") and key.endswith("/accuracy") and key.count("/") >= 2):
+        return False
+    return re.search(r"/level\d+/accuracy$", key) is None
 
 
 def _value_at(points: list[tuple[int, float]], step: int) -> float:

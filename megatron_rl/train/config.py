@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -63,7 +64,12 @@ class RLConfig:
     off_policy: bool = False  # overlap generation of step t+1 with training of step t
     max_staleness: int = 1  # max optimizer steps a sample may lag the trainer (checked at load)
     eval_every: int = 10  # steps between held-out evals
-    eval_samples_per_domain: int = 64  # held-out tasks per domain per eval
+    eval_samples_per_domain: int = 64  # distinct held-out prompts per domain per eval, each once
+    eval_samples_per_prompt: int = 1  # completions per eval prompt; a prompt scores their mean
+    eval_temperature: float = 0.0  # eval sampling temperature (0: greedy; > 0: sampled pass@1)
+    eval_greedy_also: bool = False  # sampled eval: also score the prompts greedily (eval_greedy/*)
+    eval_train_prompts: int = -1  # distinct training prompts per domain scored at the start and
+    # end (eval_train/*, the memorisation gap); -1: as many as eval_samples_per_domain, 0: none
 
     def validate(self) -> None:
         if self.group_size < 1:
@@ -80,10 +86,33 @@ class RLConfig:
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"rl.tis_cap must be > 0 or null, got {self.tis_cap}")
         self._validate_kl()
+        self._validate_eval()
         if self.max_response_tokens < 0:
             raise ValueError(f"rl.max_response_tokens must be >= 0, got {self.max_response_tokens}")
         if self.max_staleness < 0:
             raise ValueError(f"rl.max_staleness must be >= 0, got {self.max_staleness}")
+
+    def _validate_eval(self) -> None:
+        if self.eval_samples_per_domain < 1:
+            raise ValueError(
+                f"rl.eval_samples_per_domain must be >= 1, got {self.eval_samples_per_domain}"
+            )
+        if self.eval_samples_per_prompt < 1:
+            raise ValueError(
+                f"rl.eval_samples_per_prompt must be >= 1, got {self.eval_samples_per_prompt}"
+            )
+        if not (math.isfinite(self.eval_temperature) and 0 <= self.eval_temperature <= 2):
+            raise ValueError(f"rl.eval_temperature must be in [0, 2], got {self.eval_temperature}")
+        if self.eval_temperature == 0 and self.eval_samples_per_prompt > 1:
+            raise ValueError(
+                f"rl.eval_samples_per_prompt={self.eval_samples_per_prompt} needs "
+                "rl.eval_temperature > 0 (greedy decoding gives the same answer every time)"
+            )
+        if self.eval_train_prompts < -1:
+            raise ValueError(
+                f"rl.eval_train_prompts must be -1 (as eval_samples_per_domain), 0 (off) or a "
+                f"count, got {self.eval_train_prompts}"
+            )
 
     def _validate_kl(self) -> None:
         if self.kl_coef < 0:

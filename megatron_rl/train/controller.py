@@ -25,6 +25,7 @@ from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train import rl_report as report
+from megatron_rl.train.rl_eval import RLEval, run_eval, summarize
 from megatron_rl.train.rl_step import (
     build_batches,
     drgrpo_constant,
@@ -54,9 +55,10 @@ class Controller:
         if state:
             self.sched.load_state_dict(state["scheduler"])
         self.cursor: dict[str, int] = state.get("cursor", {})
+        self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
         self.engine = report.start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
-        self.eval_before = state.get("eval_before") or self.evaluate(-1)
+        self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
             self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg, rt.start_step
@@ -109,8 +111,9 @@ class Controller:
         self.producer.synced(optimizer_steps)
         return out
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        return report.run_eval(self.rt, self.engine, self.domains, self.sched, step, self.monitor)
+    def evaluate(self, step: int, with_train: bool = False) -> dict[str, Any]:
+        rt, sched = self.rt, self.sched
+        return run_eval(rt, self.engine, self.evals, sched, step, self.monitor, with_train)
 
     def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> report.Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
@@ -147,6 +150,7 @@ class Controller:
         if preempted_at is not None:
             return report.finish(self.rt, self.engine, {"completed": False,
                                                          "preempted_at": preempted_at})  # fmt: skip
-        after = self.evaluate(self.cfg.train.steps)
-        summary = report.summarize(self.rt, self.eval_before, after, time.time() - self.wall0)
+        steps = self.cfg.train.steps
+        after = self.evaluate(steps, with_train=True)
+        summary = summarize(self.rt, self.eval_before, after, time.time() - self.wall0, steps)
         return report.finish(self.rt, self.engine, summary)

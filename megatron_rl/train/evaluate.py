@@ -1,44 +1,133 @@
-"""Held-out evaluation: greedy answers from the rollout engine, scored by each domain's verifier.
+"""Evaluation on distinct prompts: engine answers, scored by each domain's verifier.
 
-The same function serves SFT (accuracy of the base model), the RL loop (before/after and periodic
-sweeps) and the scheduler's seesaw guard (per-task scores). Eval tasks come from each domain's
-held-out split, which is disjoint from its training split by construction (see
-``megatron_rl/domains/base.py``).
+The same function serves SFT (accuracy of the base model), the RL loop (before/after, periodic
+sweeps, and the training-prompt sample of the memorisation gap) and the scheduler's seesaw guard
+(per-prompt scores). The prompts come from a :class:`~megatron_rl.train.prompt_sets.PromptSet`:
+distinct tasks of one split, each scored once; the held-out split is disjoint from training by
+construction (``megatron_rl/domains/base.py``).
+
+Two metrics, one code path:
+
+- greedy accuracy (``temperature=0``, ``samples=1``, the default);
+- sampled pass@1: ``samples`` completions per prompt at ``temperature``, a prompt scoring the
+  mean of its samples. Each prompt's sampling seed derives from the run seed and the task id,
+  so a prompt meets the same random numbers at every sweep (common random numbers: sweep-to-sweep
+  differences then come from the weights, not the dice), whatever else is in the eval.
+
+Either way a domain's accuracy is the mean over its distinct prompts, and its standard error is
+the sample standard deviation of the per-prompt scores over the square root of their number:
+the prompt, not the sample, is the unit (k samples of one prompt are not k independent tasks).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_rl.domains import Domain, Task, VerifyResult
+from megatron_rl.domains.base import stable_int
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.train.episodes import run_episodes
+from megatron_rl.train.prompt_sets import PromptSet, build_prompt_set
 
 log = logging.getLogger(__name__)
 
 
+def stderr_of(values: list[float]) -> float:
+    """Standard error of the mean of ``values`` (sample SD / sqrt(n)); nan below 2 values."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def paired_difference(before: list[float], after: list[float]) -> tuple[float, float]:
+    """Mean of ``after - before`` over the same prompts, and its standard error."""
+    if len(before) != len(after):
+        raise ValueError(f"paired scores differ in length ({len(before)} vs {len(after)})")
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    return sum(diffs) / max(1, len(diffs)), stderr_of(diffs)
+
+
+def mean_stderr(stderrs: list[float]) -> float:
+    """Standard error of a mean over domains whose estimates are independent."""
+    if not stderrs:
+        return math.nan
+    return math.sqrt(sum(s * s for s in stderrs)) / len(stderrs)
+
+
 @dataclass
 class EvalResult:
-    """Per-domain accuracy plus per-task scores and the tasks still failed."""
+    """Per-domain accuracy over distinct prompts, their per-prompt scores and standard errors."""
 
-    accuracy: dict[str, float] = field(default_factory=dict)  # domain -> mean score
-    scores: dict[str, list[float]] = field(default_factory=dict)  # domain -> per-task scores
+    accuracy: dict[str, float] = field(default_factory=dict)  # domain -> mean over prompts
+    scores: dict[str, list[float]] = field(default_factory=dict)  # domain -> per-prompt scores
+    levels: dict[str, list[int]] = field(default_factory=dict)  # domain -> level of each prompt
+    stderr: dict[str, float] = field(default_factory=dict)  # domain -> SE over prompts (nan: <2)
+    requested: int = 0  # distinct prompts asked for per domain
+    samples_per_prompt: int = 1  # completions per prompt (a prompt scores their mean)
+    temperature: float = 0.0  # sampling temperature (0: greedy)
     verifier_errors: int = 0  # verifications that raised (scored 0)
-    records: list[tuple[Task, str, float]] = field(default_factory=list)  # (task, response, score)
+    records: list[tuple[Task, str, float]] = field(default_factory=list)  # (task, 1st response,
+    # prompt score), one per prompt
+
+    @property
+    def distinct(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.scores.items()}
 
     @property
     def mean(self) -> float:
         return sum(self.accuracy.values()) / max(1, len(self.accuracy))
 
-    def metrics(self) -> dict[str, float]:
-        """``eval/<domain>/accuracy``, ``eval/mean_accuracy`` and ``eval/verifier_errors``."""
-        out = {f"eval/{k}/accuracy": v for k, v in self.accuracy.items()}
-        out["eval/mean_accuracy"] = self.mean
-        out["eval/verifier_errors"] = float(self.verifier_errors)
+    @property
+    def mean_stderr(self) -> float:
+        return mean_stderr(list(self.stderr.values()))
+
+    def by_level(self, domain: str) -> dict[int, float]:
+        """Accuracy per level of one domain's prompts."""
+        out: dict[int, list[float]] = {}
+        for lv, s in zip(self.levels[domain], self.scores[domain], strict=True):
+            out.setdefault(lv, []).append(s)
+        return {lv: sum(v) / len(v) for lv, v in sorted(out.items())}
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """``<prefix>/<domain>/{accuracy,stderr,distinct}``, per level where a domain has several
+        (``<prefix>/<domain>/level<L>/accuracy``), ``<prefix>/mean_accuracy``,
+        ``<prefix>/mean_stderr`` and ``<prefix>/verifier_errors``."""
+        out: dict[str, float] = {}
+        for k, acc in self.accuracy.items():
+            out[f"{prefix}/{k}/accuracy"] = acc
+            out[f"{prefix}/{k}/distinct"] = float(len(self.scores[k]))
+            if math.isfinite(self.stderr[k]):
+                out[f"{prefix}/{k}/stderr"] = self.stderr[k]
+            levels = self.by_level(k)
+            if len(levels) > 1:
+                out.update({f"{prefix}/{k}/level{lv}/accuracy": a for lv, a in levels.items()})
+        out[f"{prefix}/mean_accuracy"] = self.mean
+        if math.isfinite(self.mean_stderr):
+            out[f"{prefix}/mean_stderr"] = self.mean_stderr
+        out[f"{prefix}/verifier_errors"] = float(self.verifier_errors)
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """What a checkpoint keeps of a sweep (enough to pair a later sweep with it)."""
+        return {
+            "accuracy": self.accuracy,
+            "scores": self.scores,
+            "levels": self.levels,
+            "stderr": {k: _finite(v) for k, v in self.stderr.items()},
+            "requested": self.requested,
+            "samples_per_prompt": self.samples_per_prompt,
+            "temperature": self.temperature,
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | None:
@@ -56,17 +145,6 @@ def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | Non
         return None
 
 
-def eval_level(domain: Domain, fixed: int | None, index: int) -> int:
-    """Level of the ``index``-th eval task: a fixed level, else stratified over all levels.
-
-    The eval set is the same at every sweep (it never follows the curriculum), so sweeps are
-    comparable and a promotion is not mistaken for a regression by the seesaw guard.
-    """
-    if fixed is not None:
-        return fixed if fixed in domain.levels else domain.levels[0]
-    return domain.levels[index % len(domain.levels)]
-
-
 def evaluate(
     engine: RolloutEngine,
     tokenizer: Any,
@@ -76,27 +154,46 @@ def evaluate(
     max_tokens: int,
     level: int | None = None,
     stop: list[str] | None = None,
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    prompts: PromptSet | None = None,
 ) -> EvalResult:
-    """Greedy-decode ``n_per_domain`` held-out tasks per domain and score them.
+    """Score up to ``n_per_domain`` distinct held-out prompts per domain, each once.
 
-    Single-turn domains get one engine call for all their tasks; multi-turn domains (tool use)
-    run their episodes with the environment, as in training, and are scored on the last model
-    turn. ``stop``: the run's ``rollout.stop`` strings, as in training.
+    ``prompts``: a prebuilt set (the RL loop builds one at start-up and reuses it, so the
+    shortfall warning comes once); otherwise the eval split's set is built here. ``samples``
+    completions per prompt at ``temperature`` (greedy: 0 and 1). Single-turn domains get one
+    engine call for all their prompts; multi-turn domains (tool use) run their episodes with the
+    environment, as in training, and are scored on the last model turn. ``stop``: the run's
+    ``rollout.stop`` strings, as in training.
     """
-    tasks = [
-        d.task("eval", i, eval_level(d, level, i), seed)
-        for d in domains.values()
-        for i in range(n_per_domain)
-    ]
-    texts = _responses(engine, tokenizer, domains, tasks, seed, max_tokens, stop)
-    result = EvalResult()
-    for task, text in zip(tasks, texts, strict=True):
-        verdict = safe_verify(domains[task.domain], task, text)
-        score = verdict.score if verdict is not None else 0.0
-        result.verifier_errors += verdict is None
-        result.scores.setdefault(task.domain, []).append(score)
-        result.records.append((task, text, score))
-    result.accuracy = {k: sum(v) / len(v) for k, v in result.scores.items()}
+    if samples < 1:
+        raise ValueError(f"samples per prompt must be >= 1, got {samples}")
+    if temperature <= 0 and samples > 1:
+        raise ValueError(f"{samples} samples per prompt need a temperature > 0 (greedy repeats)")
+    if prompts is None:
+        prompts = build_prompt_set(domains, n_per_domain, seed, level)
+    tasks = [t for name in domains for t in prompts.tasks.get(name, [])]
+    texts = _responses(
+        engine, tokenizer, domains, tasks, seed, max_tokens, stop, samples, temperature
+    )
+    result = EvalResult(
+        requested=prompts.requested, samples_per_prompt=samples, temperature=temperature
+    )
+    for name in domains:  # a domain whose split gave no prompt at all is left out
+        if prompts.tasks.get(name):
+            result.scores[name], result.levels[name] = [], []
+    for task, outs in zip(tasks, texts, strict=True):
+        verdicts = [safe_verify(domains[task.domain], task, text) for text in outs]
+        result.verifier_errors += sum(v is None for v in verdicts)
+        score = sum(v.score for v in verdicts if v is not None) / len(verdicts)
+        result.scores[task.domain].append(score)
+        result.levels[task.domain].append(task.level)
+        result.records.append((task, outs[0], score))
+    for name, s in result.scores.items():
+        result.accuracy[name] = sum(s) / len(s)
+        result.stderr[name] = stderr_of(s)
     return result
 
 
@@ -108,26 +205,34 @@ def _responses(
     seed: int,
     max_tokens: int,
     stop: list[str] | None,
-) -> list[str]:
-    """The greedy response to each task (the last model turn for multi-turn domains)."""
+    samples: int,
+    temperature: float,
+) -> list[list[str]]:
+    """``samples`` responses to each task (the last model turn for multi-turn domains)."""
     from megatron_rl.scheduler import GroupSpec
     from megatron_rl.train.rollout_phase import Group
 
     single = [i for i, t in enumerate(tasks) if not domains[t.domain].multi_turn]
     multi = [i for i, t in enumerate(tasks) if domains[t.domain].multi_turn]
-    texts = [""] * len(tasks)
-    params = SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, n=1, seed=seed, stop=list(stop or [])
-    )
+    texts: list[list[str]] = [[] for _ in tasks]
+
+    def params(task: Task) -> SamplingParams:
+        s = seed if temperature <= 0 else stable_int("eval", seed, task.id) % 2**31
+        return SamplingParams(
+            temperature=temperature, max_tokens=max_tokens, n=samples, seed=s, stop=list(stop or [])
+        )
+
     requests = [
-        GenRequest(prompt_ids(tokenizer, tasks[i].prompt), params, tag=tasks[i].domain)
+        GenRequest(prompt_ids(tokenizer, tasks[i].prompt), params(tasks[i]), tag=tasks[i].domain)
         for i in single
     ]
     for i, outs in zip(single, engine.generate(requests) if requests else [], strict=True):
-        texts[i] = outs[0].text
+        texts[i] = [o.text for o in outs]
     if multi:
-        groups = [Group(GroupSpec(tasks[i].domain, tasks[i].level, 0.0), tasks[i]) for i in multi]
-        run_episodes(engine, tokenizer, domains, groups, 1, max_tokens, 1.0, stop)
+        groups = [
+            Group(GroupSpec(tasks[i].domain, tasks[i].level, temperature), tasks[i]) for i in multi
+        ]
+        run_episodes(engine, tokenizer, domains, groups, samples, max_tokens, 1.0, stop)
         for i, g in zip(multi, groups, strict=True):
-            texts[i] = g.samples[0].text
+            texts[i] = [s.text for s in g.samples]
     return texts

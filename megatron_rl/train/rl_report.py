@@ -1,8 +1,10 @@
-"""The RL loop's supporting cast: engine start-up, reference model, eval, timing, summary."""
+"""The RL loop's supporting cast: engine start-up, reference model, timing, signals, samples.
+
+The evals and the summary live in ``rl_eval``.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -13,14 +15,9 @@ from typing import Any
 import torch
 
 from long_context.packing import PackedBatch
-from megatron_rl.domains import Domain
-from megatron_rl.domains.jsonl import append_eval_failures
 from megatron_rl.model.policy import Policy
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine, build_engine
-from megatron_rl.scheduler import DomainScheduler
-from megatron_rl.scheduler.curves import curves_png
-from megatron_rl.train.evaluate import evaluate
 from megatron_rl.train.runtime import Runtime, export_hf
 
 log = logging.getLogger(__name__)
@@ -62,42 +59,6 @@ def reference_logprobs(ref: Policy | None, batches: list[PackedBatch]) -> list[t
     if ref is None:
         return None
     return [lp for lp, _ in ref.token_logprobs(batches)]
-
-
-def run_eval(
-    rt: Runtime,
-    engine: RolloutEngine,
-    domains: dict[str, Domain],
-    sched: DomainScheduler,
-    step: int,
-    monitor: RewardHackingMonitor | None = None,
-) -> dict[str, Any]:
-    """Held-out sweep at the current weights; feeds the seesaw guard; logs and returns results."""
-    cfg = rt.cfg
-    res = evaluate(
-        engine,
-        rt.tokenizer,
-        domains,
-        cfg.rl.eval_samples_per_domain,
-        cfg.seed,
-        cfg.rollout.max_new_tokens,
-        level=cfg.domains.level,
-        stop=cfg.rollout.stop,
-    )
-    metrics = res.metrics()
-    for name, acc in res.accuracy.items():
-        if monitor is not None:
-            monitor.observe_eval(max(step, 0), name, acc)
-    for e in sched.observe_eval(max(step, 0), res.scores):
-        rt.tracker.event(max(step, 0), e.pop("event", "seesaw"), **e)
-    if rt.is_main:
-        png = sched.radar_png(rt.run_dir / "radar.png")
-        rt.tracker.image(max(step, 0), "eval/radar", png)
-        append_eval_failures(rt.run_dir, max(step, 0), res.records)
-    rt.tracker.log(max(step, 0), metrics)
-    if rt.is_main:  # drawn from metrics.jsonl / events.jsonl, so after this sweep is logged
-        rt.tracker.image(max(step, 0), "eval/curves", curves_png(rt.run_dir))
-    return {"accuracy": res.accuracy, "mean": res.mean, "metrics": metrics}
 
 
 def monitor_step(
@@ -184,42 +145,6 @@ def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:
         for s in g.samples[:1]
     ]
     rt.tracker.table(step, "samples", ["domain", "prompt", "response", "gold", "reward"], rows)
-
-
-def summarize(
-    rt: Runtime, before: dict[str, Any], after: dict[str, Any], wall_s: float
-) -> dict[str, Any]:
-    """summary.json and the before/after table printed at the end of a run."""
-    summary = {
-        "eval_before": before["accuracy"],
-        "eval_after": after["accuracy"],
-        "mean_before": before["mean"],
-        "mean_after": after["mean"],
-        "mean_gain": after["mean"] - before["mean"],
-        "steps": rt.cfg.train.steps,
-        "wall_s": round(wall_s, 1),
-        "run_dir": str(rt.run_dir),
-        "completed": True,
-    }
-    if rt.is_main:
-        (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(format_table(summary))
-    return summary
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    names = sorted(summary["eval_before"])
-    width = max([len(n) for n in names] + [6])
-    lines = [f"{'domain':<{width}}  before   after   delta"]
-    for n in names:
-        b, a = summary["eval_before"][n], summary["eval_after"].get(n, float("nan"))
-        lines.append(f"{n:<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
-    b, a = summary["mean_before"], summary["mean_after"]
-    lines.append(f"{'MEAN':<{width}}  {b:6.3f}  {a:6.3f}  {a - b:+6.3f}")
-    lines.append(
-        f"steps {summary['steps']}, wall {summary['wall_s']:.0f} s, run dir {summary['run_dir']}"
-    )
-    return "\n".join(lines)
 
 
 def finish(rt: Runtime, engine: RolloutEngine, summary: dict[str, Any]) -> dict[str, Any]:

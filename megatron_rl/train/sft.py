@@ -28,6 +28,7 @@ from megatron_rl.model.tokenizer import eos_id, prompt_ids
 from megatron_rl.rollout.base import build_engine
 from megatron_rl.train.evaluate import evaluate
 from megatron_rl.train.optim import lr_at
+from megatron_rl.train.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.train.runtime import Runtime, export_hf, save_checkpoint, setup_run
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,11 @@ def sft_step(rt: Runtime, examples: list[Example], step: int) -> dict[str, float
     }
 
 
-def run_eval(rt: Runtime, step: int, engine: Any, domains: dict[str, Domain]) -> dict[str, float]:
-    """Sync the policy into the engine and measure held-out accuracy per domain.
+def run_eval(
+    rt: Runtime, step: int, engine: Any, domains: dict[str, Domain], prompts: PromptSet
+) -> dict[str, float]:
+    """Sync the policy into the engine and measure greedy accuracy on the distinct held-out
+    ``prompts`` of each domain.
 
     Every rank calls it (the weight export is collective); only rank 0 has the engine.
     """
@@ -116,10 +120,20 @@ def run_eval(rt: Runtime, step: int, engine: Any, domains: dict[str, Domain]) ->
         cfg.seed,
         cfg.rollout.max_new_tokens,
         level=cfg.domains.level,
+        prompts=prompts,
     )
     out = res.metrics()
     rt.tracker.log(step, out)
     return out
+
+
+def _per_domain(metrics: dict[str, float], what: str) -> dict[str, float]:
+    """``eval/<domain>/<what>`` -> {domain: value} (per-level keys left out)."""
+    return {
+        k[len("eval/") : -len(what) - 1]: v
+        for k, v in metrics.items()
+        if k.endswith(f"/{what}") and "/level" not in k
+    }
 
 
 def train_sft(cfg: RunConfig) -> dict[str, Any]:
@@ -133,6 +147,9 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     engine_dir = export_hf(rt, rt.run_dir / "engine_init")
     engine = build_engine(cfg.rollout, str(engine_dir), cfg.seed) if rt.is_main else None
     eval_domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
+    prompts = build_prompt_set(
+        eval_domains, cfg.sft.eval_samples_per_task, cfg.seed, cfg.domains.level
+    )
     t_start = time.time()
     bar = tqdm(
         range(rt.start_step, cfg.train.steps), disable=not (rt.is_main and cfg.tracking.progress)
@@ -145,17 +162,14 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
         bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
         last = step == cfg.train.steps - 1
         if cfg.sft.eval_every and (step + 1) % cfg.sft.eval_every == 0:
-            run_eval(rt, step, engine, eval_domains)
+            run_eval(rt, step, engine, eval_domains, prompts)
         if last or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
             save_checkpoint(rt, step, {"data_position": (step + 1) * bs})
-    final = run_eval(rt, cfg.train.steps, engine, eval_domains)
+    final = run_eval(rt, cfg.train.steps, engine, eval_domains, prompts)
     out_dir = export_hf(rt, rt.run_dir / "hf")
     summary = {
-        "eval_accuracy": {
-            k[len("eval/") : -len("/accuracy")]: v
-            for k, v in final.items()
-            if k.endswith("/accuracy")
-        },
+        "eval_accuracy": _per_domain(final, "accuracy"),
+        "eval_distinct": _per_domain(final, "distinct"),
         "mean_accuracy": final.get("eval/mean_accuracy"),
         "steps": cfg.train.steps,
         "wall_s": round(time.time() - t_start, 1),

@@ -1,0 +1,117 @@
+"""The fixed prompts an eval scores: per domain, distinct tasks of one split, each once.
+
+Tasks are drawn by index from the split (``Domain.task(split, i, level, seed)``, i = 0, 1, ...)
+and a prompt already drawn is skipped, until the requested number of distinct prompts is found
+or ``DRAW_FACTOR`` draws per requested prompt are spent. A split smaller than the request thus
+gives what it holds (each prompt once, never repeated to fill the count), and the shortfall is
+logged once when the set is built, with the number found and the estimated size of the split
+(:func:`megatron_rl.domains.sizes.estimate_space` on the draws made).
+
+Without a fixed level the request is stratified over the domain's levels (the first
+``n % levels`` levels get one more); each level draws from its own index stream. The set is a
+pure function of (domains, n, level, seed, split): the RL loop builds it once at start-up and
+scores the same prompts at every sweep, so sweeps pair prompt by prompt.
+
+The training-prompt sample (``split="train"``) takes the first distinct training tasks in index
+order, which are also the first tasks the RL loop's task cursors hand out (and, for small
+spaces, prompts the base model's SFT saw many times): its accuracy beside the held-out accuracy
+is the memorisation gap.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from megatron_rl.domains import Domain, Task
+from megatron_rl.domains.sizes import estimate_space
+
+log = logging.getLogger(__name__)
+
+DRAW_FACTOR = 4  # task draws per requested prompt before a split is declared too small
+MIN_DRAWS = 64  # draws always allowed per level, however few prompts it is asked for
+
+
+@dataclass
+class PromptSet:
+    """Distinct tasks per domain from one split; ``short`` lists the domains that ran out."""
+
+    split: str  # "eval" (held out) or "train" (the memorisation sample)
+    requested: int  # distinct prompts asked for per domain
+    tasks: dict[str, list[Task]] = field(default_factory=dict)  # domain -> its distinct tasks
+    draws: dict[str, int] = field(default_factory=dict)  # domain -> task draws made
+    estimate: dict[str, float] = field(default_factory=dict)  # domain -> estimated split size
+
+    @property
+    def distinct(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.tasks.items()}
+
+    @property
+    def short(self) -> list[str]:
+        """Domains whose split gave fewer distinct prompts than requested."""
+        return [k for k, v in self.tasks.items() if len(v) < self.requested]
+
+
+def level_quotas(domain: Domain, n: int, level: int | None) -> list[tuple[int, int]]:
+    """``(level, prompts)`` pairs: all ``n`` at a fixed level, else ``n`` spread over levels.
+
+    A fixed level the domain lacks falls back to its easiest (a shared ``domains.level`` may
+    not exist in every selected domain).
+    """
+    if level is not None:
+        return [(level if level in domain.levels else domain.levels[0], n)]
+    k = len(domain.levels)
+    return [
+        (lv, n // k + (i < n % k)) for i, lv in enumerate(domain.levels) if n // k + (i < n % k)
+    ]
+
+
+def draw_distinct(
+    domain: Domain, split: str, n: int, level: int | None, seed: int
+) -> tuple[list[Task], int, float]:
+    """Up to ``n`` tasks of ``split`` with distinct prompts; also the draws made and the split's
+    estimated size (summed over levels; ``inf`` where no prompt repeated)."""
+    if split not in domain.splits:  # a task file may hold one split only
+        return [], 0, 0.0
+    seen: set[str] = set()
+    tasks: list[Task] = []
+    draws, size = 0, 0.0
+    for lv, quota in level_quotas(domain, n, level):
+        found, made = 0, 0
+        cap = max(MIN_DRAWS, DRAW_FACTOR * quota)
+        while found < quota and made < cap:
+            task = domain.task(split, made, lv, seed)
+            made += 1
+            if task.prompt in seen:
+                continue
+            seen.add(task.prompt)
+            tasks.append(task)
+            found += 1
+        draws += made
+        size += estimate_space(made, found)
+    return tasks, draws, size
+
+
+def build_prompt_set(
+    domains: dict[str, Domain], n: int, seed: int, level: int | None = None, split: str = "eval"
+) -> PromptSet:
+    """The distinct-prompt set of every domain; logs each domain whose split fell short, once."""
+    out = PromptSet(split, n)
+    for name, d in domains.items():
+        tasks, draws, size = draw_distinct(d, split, n, level, seed)
+        out.tasks[name], out.draws[name], out.estimate[name] = tasks, draws, size
+        if len(tasks) < n:
+            est = "no repeat seen" if size == float("inf") else f"estimated size ~{size:.0f}"
+            log.warning(
+                "%s split of %s holds %d distinct prompts, fewer than the %d requested "
+                "(%d draws, %s): each is scored once, the count is logged as %s/%s/distinct",
+                split,
+                name,
+                len(tasks),
+                n,
+                draws,
+                est,
+                "eval" if split == "eval" else "eval_train",
+                name,
+            )
+    return out

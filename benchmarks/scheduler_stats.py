@@ -154,8 +154,87 @@ def budget_check(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"generated": sorted(gen), "trained": sorted(tr), "equal": len(gen) == len(tr) == 1}
 
 
+def _se2(a: dict[str, float], b: dict[str, float]) -> float:
+    """SE of the difference of two sweeps' scores (unpaired: conservative)."""
+    return math.sqrt(a["primary_se"] ** 2 + b["primary_se"] ** 2)
+
+
+def change(run: dict[str, Any], domain: str) -> dict[str, float]:
+    """Final minus start score of a domain, its SE and the change in SEs."""
+    first, last = (run["sweeps"][i]["domains"][domain] for i in (0, -1))
+    diff, se = last["primary"] - first["primary"], _se2(first, last)
+    return {"start": first["primary"], "final": last["primary"], "diff": diff, "se": se,
+            "z": diff / se if se > 0 else math.nan}  # fmt: skip
+
+
+def onset(run: dict[str, Any], domain: str) -> int | None:
+    """Index of the first sweep at which ``domain`` is more than 2 SE below its start."""
+    first = run["sweeps"][0]["domains"][domain]
+    for k, sw in enumerate(run["sweeps"]):
+        now = sw["domains"][domain]
+        if first["primary"] - now["primary"] > 2 * _se2(first, now):
+            return k
+    return None
+
+
+def back(run: dict[str, Any], domain: str, after: int) -> int | None:
+    """Index of the first sweep after ``after`` at which ``domain`` is within 2 SE of its start."""
+    first = run["sweeps"][0]["domains"][domain]
+    for k, sw in enumerate(run["sweeps"]):
+        now = sw["domains"][domain]
+        if k > after and first["primary"] - now["primary"] <= 2 * _se2(first, now):
+            return k
+    return None
+
+
+def first_flag(run: dict[str, Any], domain: str) -> int | None:
+    """Index of the sweep at which the guard first raised a regression event for ``domain``."""
+    steps = [sw["step"] for sw in run["sweeps"]]
+    hits = [
+        e["step"] for e in run["events"] if e["event"] == "regression" and e["domain"] == domain
+    ]
+    return steps.index(min(hits)) if hits and min(hits) in steps else None
+
+
+def seesaw(doc: dict[str, Any]) -> dict[str, Any]:
+    """The constructed pair: validity (training A alone raises A and lowers B, each by > 3 SE),
+    onset of B's drop, the guard's first flag of B, and B's return with and without the guard."""
+    a_dom, b_dom = doc["pair"]
+    arms = doc["roles"]  # role -> arm name: "a_only", "guard", "no_guard"
+    runs = doc["runs"]
+    out: dict[str, Any] = {"validity": {}, "per_seed": {}}
+    for s, r in runs.get(arms["a_only"], {}).items():
+        a, b = change(r, a_dom), change(r, b_dom)
+        out["validity"][s] = {"a": a, "b": b, "valid": bool(a["z"] > 3 and b["z"] < -3)}
+    for s, r in runs.get(arms["guard"], {}).items():
+        other = runs.get(arms["no_guard"], {}).get(s)
+        k = onset(r, b_dom)
+        row: dict[str, Any] = {"onset": k, "flag": first_flag(r, b_dom)}
+        row["caught"] = bool(k is not None and row["flag"] is not None and row["flag"] - k <= 2)
+        row["back_guard"] = back(r, b_dom, k) if k is not None else None
+        if other is not None:
+            ko = onset(other, b_dom)
+            row["onset_no_guard"] = ko
+            row["back_no_guard"] = back(other, b_dom, ko) if ko is not None else None
+        out["per_seed"][s] = row
+    vals = list(out["validity"].values())
+    out["valid_all_seeds"] = bool(vals) and all(v["valid"] for v in vals)
+    rows = [v for v in out["per_seed"].values() if v["onset"] is not None]
+    out["seeds_with_onset"] = len(rows)
+    out["caught"] = sum(v["caught"] for v in rows)
+    inf = math.inf
+    out["back_sooner"] = sum(
+        (v["back_guard"] if v["back_guard"] is not None else inf)
+        < (v.get("back_no_guard") if v.get("back_no_guard") is not None else inf)
+        for v in rows
+    )
+    return out
+
+
 def compute(doc: dict[str, Any]) -> dict[str, Any]:
-    """Every statistic of a report section (``runs``: arm -> seed -> extract)."""
+    """Every statistic of a section (``runs``: arm -> seed -> extract)."""
+    if doc.get("kind") == "seesaw":
+        return seesaw(doc)
     runs = doc["runs"]
     tau = regression_threshold(list(runs[BASELINE].values())) if BASELINE in runs else math.nan
     out: dict[str, Any] = {"regression_threshold": tau, "budget": budget_check(runs)}

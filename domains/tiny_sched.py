@@ -76,7 +76,7 @@ SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
     ),
 }
 PAIR = ("tinysched/letters", "tinysched/letters_but_one")  # (A, B) of the seesaw experiment
-PAIR_CONFIG = {"min_words": 3, "max_words": 5}
+PAIR_CONFIG = {"min_words": 1, "max_words": 2}
 
 
 def split_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -26,12 +26,15 @@ test: setup lint typecheck unit
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
-# The domain scheduler in real training (not part of `make bench`), ~45 min on 2 cores: 4 arms x
-# 3 report seeds on 12 tiny domains, the per-domain temperature A/B, the constructed pair alone; writes
-# benchmarks/scheduler_real.json, scheduler_pair.json, their PNGs and docs/scheduler_seesaw.png.
+# The domain scheduler in real training (not part of `make bench`), pre-registered in
+# docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair on 3, on
+# the tinysched/* domains; writes benchmarks/scheduler_real.json (per-run extract + statistics),
+# its PNGs and docs/scheduler_seesaw.png, then recomputes the statistics from the extract.
 bench-scheduler: setup
-	$(BIN)/python benchmarks/scheduler_real.py
-	$(BIN)/python benchmarks/scheduler_pair.py
+	$(BIN)/python benchmarks/scheduler_real.py --part core
+	$(BIN)/python benchmarks/scheduler_real.py --part ablations
+	$(BIN)/python benchmarks/scheduler_real.py --part seesaw
+	$(BIN)/python benchmarks/scheduler_stats.py
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
 # benchmarks/results.json as long_context.cp2_vs_cp1.

@@ -1,9 +1,8 @@
 """The constructed seesaw pair (``scheduler_real.py --part seesaw``), docs/scheduler.md.
 
-``tinysched/letters`` (A: how often a letter occurs in 1-2 words, answer the count) and
-``tinysched/letters_but_one`` (B: the same questions, answer the count minus one) disagree on
-every item and the prompt cannot tell them apart (domains/tiny_sched.py). The base model answers
-the count most of the time and one less sometimes, so both have reward signal at the start.
+``tinysched/gcd`` (A: the GCD of two numbers up to 100) and ``tinysched/gcd_plus_one`` (B: the
+same questions, answer the GCD plus one) disagree on every item and the prompt cannot tell them
+apart (domains/tiny_sched.py); both have reward signal at the start.
 
 Arms, on ``ABLATION_SEEDS``, the main benchmark's budget, sweeps every ``EVAL_EVERY`` steps on
 ``EVAL_PROMPTS`` distinct held-out prompts per domain (4 samples at T = 1):
@@ -31,7 +30,7 @@ from typing import Any
 import scheduler_real as sr
 import scheduler_stats as stats
 
-PAIR = ("tinysched/letters", "tinysched/letters_but_one")  # (A, B): B is the one that drops
+PAIR = ("tinysched/gcd", "tinysched/gcd_plus_one")  # (A, B): B is the one that drops
 STEPS, EVAL_EVERY, EVAL_PROMPTS = 40, 5, 256
 ROLES = {"a_only": "train A only", "guard": "adaptive", "no_guard": "adaptive, no guard"}
 ARMS: sr.Arms = {
@@ -57,13 +56,12 @@ def main(a: argparse.Namespace, out: Path) -> int:
     seeds = sr.DEV_SEEDS[:1] if a.quick else sr.ABLATION_SEEDS
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = sr.section(doc, "quick-seesaw" if a.quick else "seesaw", e)
-    t0 = time.time()
-    sr.run_arms(ARMS, seeds, e, sec["runs"])
     sec.update(kind="seesaw", pair=list(PAIR), roles=ROLES, arms=ARMS)
+    t0 = time.time()
+    sr.run_arms(ARMS, seeds, e, sec["runs"], lambda: sr.write(out, doc))
     sec["stats"] = json.loads(json.dumps(stats.compute(sec)))
     sec.setdefault("wall_s", {})["seesaw"] = round(time.time() - t0, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    sr.write(out, doc)
     png = draw_seesaw(sec, Path(a.seesaw_png))
     print(json.dumps(summary(sec["stats"]), indent=1))
     print(f"wrote {out} (seesaw) and {png}")

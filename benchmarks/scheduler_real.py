@@ -44,7 +44,9 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -255,34 +257,39 @@ def check_budget(name: str, ex: dict[str, Any], generated: int, trained: int) ->
         )
 
 
-def run_arms(arms: Arms, seeds: tuple[int, ...], a: argparse.Namespace, done: dict) -> dict:
-    """Every (arm, seed) not already in ``done`` (arm -> seed -> extract); returns all."""
+def run_arms(
+    arms: Arms,
+    seeds: tuple[int, ...],
+    a: argparse.Namespace,
+    done: dict,
+    save: Callable[[], None] = lambda: None,
+) -> dict:
+    """Every (arm, seed) not already in ``done`` (arm -> seed -> extract), two at a time; each
+    run's extract is checked and added as soon as it finishes (then ``save()``)."""
     planned = planned_groups(arms, a)
-    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in done.get(arm, {})]
-
-    def attempt(job: tuple[str, int]) -> Path | Exception:
-        arm, s = job
-        try:
-            return run_one(arms[arm], f"{slug(arm)}-s{s}", s, a)
-        except RuntimeError as e:  # the other runs go on; failures are raised at the end
-            print(e, file=sys.stderr, flush=True)
-            return e
-
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        dirs = list(pool.map(attempt, jobs))
-    failed = []
-    for (arm, s), d in zip(jobs, dirs, strict=True):
-        if not isinstance(d, Path):
-            failed.append(f"{arm} seed {s}")
-            continue
-        ex = extract(d, a.domains)
-        check_budget(f"{arm} seed {s}", ex, planned[arm], a.prompts)
-        done.setdefault(arm, {})[str(s)] = ex
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     competing = {planned[arm] for arm in arms if arm != PROBE}
     if len(competing) > 1:
-        raise RuntimeError(f"competing arms plan different groups per step: {planned}")
+        raise ValueError(f"competing arms plan different groups per step: {planned}")
+    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in done.get(arm, {})]
+    lock, failed = threading.Lock(), []
+
+    def attempt(job: tuple[str, int]) -> None:
+        arm, s = job
+        try:
+            ex = extract(run_one(arms[arm], f"{slug(arm)}-s{s}", s, a), a.domains)
+            check_budget(f"{arm} seed {s}", ex, planned[arm], a.prompts)
+        except RuntimeError as e:  # the other runs go on; failures are raised at the end
+            print(e, file=sys.stderr, flush=True)
+            failed.append(f"{arm} seed {s}")
+            return
+        with lock:
+            done.setdefault(arm, {})[str(s)] = ex
+            save()
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        list(pool.map(attempt, jobs))
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     return done
 
 
@@ -315,29 +322,44 @@ def part_arms(part: str) -> tuple[str, Arms, tuple[int, ...]]:
 
 
 def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from scheduler_report import table
+    from scheduler_report import draw, table
 
     name, arms, seeds = part_arms(part)
+    if a.arms:  # a subset of the part's arms (the rest can run later; the JSON merges them)
+        unknown = sorted(set(a.arms) - set(arms))
+        if unknown:
+            raise ValueError(f"--arms {unknown} not in part {part!r}: {sorted(arms)}")
+        arms = {k: v for k, v in arms.items() if k in a.arms}
     if a.quick:
         name, seeds = f"quick-{name}", DEV_SEEDS[:1]
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
-    t0 = time.time()
-    run_arms(arms, seeds, a, sec["runs"])
     sec["arms"] = {**sec.get("arms", {}), **arms}
+    t0 = time.time()
+    run_arms(arms, seeds, a, sec["runs"], lambda: write(out, doc))
     sec["contrasts"] = {k: v for k, v in CONTRASTS.items() if all(x in sec["runs"] for x in v)}
     sec["stats"] = json.loads(json.dumps(stats.compute(sec)))
     sec.setdefault("wall_s", {})[part] = round(time.time() - t0, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write(out, doc)
     print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
     print(table(sec))
+    if name.endswith("report"):  # benchmarks/scheduler_real_{curves,domains}.png
+        print("drew", *draw(sec, out.with_name(out.stem)))
     return sec
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    """The whole JSON, written atomically (a kill mid-write keeps the previous file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="core", choices=["dev", "core", "ablations", "seesaw"])
+    ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--prompts", type=int, default=PROMPTS, help="trained groups per step")
     ap.add_argument("--group", type=int, default=GROUP, help="completions per group")

@@ -251,7 +251,8 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
     if oracle:
         out["headroom"] = bool(oracle["mean"] > 2 * oracle["se"])
     if oracle and adaptive:
-        out["win"] = bool(adaptive["lower95"] > 0 and adaptive["mean"] >= 0.5 * oracle["mean"])
+        lower = adaptive.get("lower95", math.nan)  # (none with a single seed)
+        out["win"] = bool(lower > 0 and adaptive["mean"] >= 0.5 * oracle["mean"])
         out["share_of_oracle_gain"] = adaptive["mean"] / oracle["mean"] if oracle["mean"] else None
     return out
 

@@ -14,13 +14,16 @@ A mix can only matter where domains differ in how much a group teaches; this set
 difference large on purpose, and the benchmark says so.
 
 The constructed seesaw pair (``PAIR``)
-    ``tinysched/letters`` and ``tinysched/letters_but_one`` ask the *same* questions (how often a
-    letter occurs in 3-5 words) and differ only in the answer convention: the count, or the count
-    minus one. The conventions disagree on every item, and the prompt cannot tell them apart, so
-    moving probability onto one answer takes it from the other. Both have reward signal at the
-    start (the base model's sampled answers are the count about half the time and one less about
-    a quarter of the time). It is labelled as constructed: real domains rarely conflict this
-    cleanly.
+    ``tinysched/gcd`` and ``tinysched/gcd_plus_one`` ask the *same* questions (the GCD of two
+    numbers up to 100) and differ only in the answer convention: the GCD, or the GCD plus one.
+    The conventions disagree on every item, and the prompt cannot tell them apart. What RL
+    teaches this model fast on such prompts is where to put its answer mass (the GCD of two
+    random numbers is 1 for ~60% of pairs, so "1" pays under the first convention and "2" under
+    the second): moving mass onto one convention's answer takes it from the other's. Both have
+    reward signal at the start. It is labelled as constructed: real domains rarely conflict
+    this cleanly. (A first pair, the letter count vs the count minus one, was dropped on
+    development seed 1: training either convention alone raised *both*, as the sampled answers
+    became better-formed counts; docs/scheduler.md.)
 """
 
 from __future__ import annotations
@@ -74,9 +77,37 @@ SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
         {**TWO_TERMS, "min_digits": 2, "max_digits": 2, **PLUS_MINUS},
         "impossible",
     ),
+    # four more near-impossible domains for the second domain set (D2, docs/scheduler.md)
+    "equations_50": (
+        "simple_equations",
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_value": 1,
+            "max_value": 50,
+            "operators": ("+",),
+            "operators_weights": [1.0],
+        },  # fmt: skip
+        "impossible",
+    ),
+    "lcm_50": (
+        "lcm",
+        {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 50},
+        "impossible",
+    ),
+    "spell_backward_6": (
+        "spell_backward",
+        {"min_word_len": 5, "max_word_len": 6},
+        "impossible",
+    ),
+    "chain_sum_3terms_2digit": (
+        "chain_sum",
+        {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+        "impossible",
+    ),
 }
-PAIR = ("tinysched/letters", "tinysched/letters_but_one")  # (A, B) of the seesaw experiment
-PAIR_CONFIG = {"min_words": 1, "max_words": 2}
+PAIR = ("tinysched/gcd", "tinysched/gcd_plus_one")  # (A, B) of the seesaw experiment
+PAIR_CONFIG = {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 100}
 
 
 def split_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -85,13 +116,12 @@ def split_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v for k, v in cfg.items() if k not in shared}, shared
 
 
-class ButOneDomain(TinyDomain):
-    """The questions of a counting domain, answered with the count minus one (>= 0 by design:
-    the letter asked about always occurs in the text)."""
+class PlusOneDomain(TinyDomain):
+    """The questions of another tiny domain, answered with its integer answer plus one."""
 
     def generate(self, level: int, rng: Any) -> tuple[str, str, dict[str, Any]]:
         prompt, gold, meta = super().generate(level, rng)
-        return prompt, str(int(gold) - 1), meta
+        return prompt, str(int(gold) + 1), meta
 
     def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         return (1.0 if answer.strip() == task.gold else 0.0), {}
@@ -103,6 +133,6 @@ def sched_domains() -> list[Domain]:
     for name, (gen, cfg, _) in SPECS.items():
         level, shared = split_config(cfg)
         out.append(TinyDomain(gen, f"tinysched/{name}", [level], shared))
-    out.append(TinyDomain("letter_counting", PAIR[0], [PAIR_CONFIG], {}))
-    out.append(ButOneDomain("letter_counting", PAIR[1], [PAIR_CONFIG], {}))
+    out.append(TinyDomain("gcd", PAIR[0], [PAIR_CONFIG], {}))
+    out.append(PlusOneDomain("gcd", PAIR[1], [PAIR_CONFIG], {}))
     return out

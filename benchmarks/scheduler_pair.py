@@ -35,7 +35,7 @@ STEPS, EVAL_EVERY, EVAL_PROMPTS = 40, 5, 256
 ROLES = {"a_only": "train A only", "guard": "adaptive", "no_guard": "adaptive, no guard"}
 ARMS: sr.Arms = {
     ROLES["a_only"]: sr.static({PAIR[0]: 1.0, PAIR[1]: 0.0}),
-    ROLES["guard"]: sr.ADAPTIVE,
+    ROLES["guard"]: [*sr.ADAPTIVE, "scheduler.seesaw=true"],
     ROLES["no_guard"]: [*sr.ADAPTIVE, "scheduler.seesaw=false"],
 }
 
@@ -57,8 +57,9 @@ def main(a: argparse.Namespace, out: Path) -> int:
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = sr.section(doc, "quick-seesaw" if a.quick else "seesaw", e)
     sec.update(kind="seesaw", pair=list(PAIR), roles=ROLES, arms=ARMS)
+    arms = {k: v for k, v in ARMS.items() if not a.arms or k in a.arms}
     t0 = time.time()
-    sr.run_arms(ARMS, seeds, e, sec["runs"], lambda: sr.write(out, doc))
+    sr.run_arms(arms, seeds, e, sec["runs"], lambda: sr.write(out, doc))
     sec["stats"] = json.loads(json.dumps(stats.compute(sec)))
     sec.setdefault("wall_s", {})["seesaw"] = round(time.time() - t0, 1)
     sr.write(out, doc)

@@ -137,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     engine.shutdown()
     if a.json:
-        meta = {"model": a.model, "n": a.n, "k": a.k, "draws": a.draws, "seed": a.seed}
+        model = (
+            str(Path(a.model).resolve().relative_to(ROOT))
+            if ROOT in Path(a.model).resolve().parents
+            else a.model
+        )
+        meta = {"model": model, "n": a.n, "k": a.k, "draws": a.draws, "seed": a.seed}
         doc = {"settings": meta, "domains": rows}
         Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0

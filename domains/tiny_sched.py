@@ -48,18 +48,6 @@ SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
         "frontier",
     ),
     "letters_3to5": ("letter_counting", {"min_words": 3, "max_words": 5}, "frontier"),
-    "letters_2to3": ("letter_counting", {"min_words": 2, "max_words": 3}, "frontier"),
-    "count_bits_12bit": ("count_bits", {"min_n": 1, "max_n": 4095}, "frontier"),
-    "add_2digit": (
-        "basic_arithmetic",
-        {**TWO_TERMS, "min_digits": 1, "max_digits": 2, **PLUS_MINUS, "operators": ("+",)},
-        "frontier",
-    ),
-    "sub_2digit": (
-        "basic_arithmetic",
-        {**TWO_TERMS, "min_digits": 1, "max_digits": 2, **PLUS_MINUS, "operators": ("-",)},
-        "frontier",
-    ),
     "letters_1word": ("letter_counting", {"min_words": 1, "max_words": 1}, "saturated"),
     "letters_1to2": ("letter_counting", {"min_words": 1, "max_words": 2}, "saturated"),
     "products_2digit": (

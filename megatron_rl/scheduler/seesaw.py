@@ -86,11 +86,12 @@ class SeesawGuard:
 
     def _drop(self, i: int, x: np.ndarray) -> float:
         """Reference mean minus this sweep's mean (NaN before the first sweep)."""
-        if self.ref[i] is None:
+        ref = self.ref[i]
+        if ref is None:
             return float("nan")
-        if len(self.ref[i]) != x.size:
+        if len(ref) != x.size:
             raise ValueError(
-                f"eval set of domain {self.names[i]!r} changed size ({len(self.ref[i])} -> "
+                f"eval set of domain {self.names[i]!r} changed size ({len(ref)} -> "
                 f"{x.size}); the seesaw guard needs a fixed eval set"
             )
         return float(self.best_mean[i] - x.mean())

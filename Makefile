@@ -27,13 +27,16 @@ bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
 # The domain scheduler in real training (not part of `make bench`), pre-registered in
-# docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair on 3, on
-# the tinysched/* domains; writes benchmarks/scheduler_real.json (per-run extract + statistics),
-# its PNGs and docs/scheduler_seesaw.png, then recomputes the statistics from the extract.
+# docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair's
+# validity arm on 3, on the tinysched/* domains, then the second domain set's headroom study
+# (D1 showed no headroom); writes benchmarks/scheduler_real.json (per-run extract + statistics)
+# and its PNGs, then recomputes the statistics from the extract. ~4 h on 2 shared cores.
 bench-scheduler: setup
 	$(BIN)/python benchmarks/scheduler_real.py --part core
 	$(BIN)/python benchmarks/scheduler_real.py --part ablations
-	$(BIN)/python benchmarks/scheduler_real.py --part seesaw
+	$(BIN)/python benchmarks/scheduler_real.py --part core --set D2
+	$(BIN)/python benchmarks/scheduler_real.py --part seesaw --arms "train A only" \
+		--seesaw-png benchmarks/scheduler_pair_validity.png
 	$(BIN)/python benchmarks/scheduler_stats.py
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into

@@ -128,7 +128,7 @@ CORE: Arms = {
     stats.ADAPTIVE: ADAPTIVE,
 }
 TEMPERATURE_ARM = "adaptive + temperature controller"  # the temperature ablation's other side
-PROBE = "uniform + filter, 4x over-sampling (probe)"  # generates 4x: reported, not competing
+PROBE = stats.PROBE
 ABLATIONS: Arms = {
     TEMPERATURE_ARM: [*ADAPTIVE, *TEMPERATURE],
     PROBE: [*BUDGET, "scheduler.policy=uniform", "scheduler.oversample=4.0"],
@@ -170,6 +170,8 @@ def overrides(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -
         "domains.level=0",
         f"train.steps={a.steps}",
         "train.threads=1",
+        "rl.off_policy=false",  # the pre-registered (on-policy) demo settings; main's demo is now
+        # off-policy (issue 25), which every report run here predates
         f"rl.prompts_per_step={a.prompts}",
         f"rl.group_size={a.group}",
         f"rl.eval_every={a.eval_every}",
@@ -414,13 +416,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))
     ap.add_argument("--seesaw-png", default=str(ROOT / "docs" / "scheduler_seesaw.png"))
-    ap.add_argument("--quick", action="store_true", help="2 steps, 3 domains, 1 dev seed")
+    ap.add_argument("--quick", action="store_true", help="3 steps, 3 domains, 1 dev seed")
     ap.add_argument("--merge", help="add this JSON's runs to --out and recompute; no runs")
     a = ap.parse_args(argv)
+    if a.eval_every == 1:  # the sweep after step 0 is logged at step 0, as the start's is
+        ap.error("--eval-every 1 would log two sweeps at step 0 (the start's); allowed: 0 or >= 2")
     a.domains = list(DOMAINS if a.set == "D1" else D2)
     a.prompts = a.prompts or (PROMPTS if a.set == "D1" else D2_PROMPTS)
     if a.quick:
-        a.steps, a.prompts, a.eval_every, a.eval_n = 2, 2, 1, 4
+        # sweeps at the start, after step 1 (logged at 1) and at the end (3); with eval_every=1
+        # the eval after step 0 would be logged at step 0, the start sweep's step
+        a.steps, a.prompts, a.eval_every, a.eval_n = 3, 2, 2, 4
         a.domains = [FRONTIER[1], SATURATED[0], IMPOSSIBLE[0]]
         a.seesaw_png = str(Path(a.out).with_name(f"{Path(a.out).stem}_seesaw.png"))
     return a

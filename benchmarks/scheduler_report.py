@@ -87,19 +87,20 @@ def draw(sec: dict[str, Any], prefix: Path) -> list[Path]:
 
 def draw_seesaw(sec: dict[str, Any], path: Path) -> Path:
     """One column per seed: B's (solid) and A's (dotted) held-out pass@1 against step in the
-    adaptive runs with and without the guard's reaction, B's onset (dashed) and the guard's
-    events on B (red: regression, green: recovery); below, B's share of the mix."""
+    adaptive runs with and without the guard's reaction and in the "train A only" runs (black), B's
+    onset (dashed) and the guard's events on B (red: regression, green: recovery); below, B's
+    share of the mix."""
     from megatron_rl.scheduler.curves import _plt, _save
 
     a_dom, b_dom = sec["pair"]
     roles, runs, st = sec["roles"], sec["runs"], sec["stats"]
-    seeds = sorted(runs.get(roles["guard"], {}), key=int)
+    seeds = sorted({s for role in roles.values() for s in runs.get(role, {})}, key=int)
     plt = _plt()
     fig, axes = plt.subplots(2, max(1, len(seeds)), figsize=(5 * max(1, len(seeds)), 7),
                              squeeze=False, sharex=True)  # fmt: skip
     for j, s in enumerate(seeds):
         top, low = axes[0][j], axes[1][j]
-        for role, colour in (("guard", "tab:blue"), ("no_guard", "tab:orange")):
+        for role, colour in (("guard", "tab:blue"), ("no_guard", "tab:orange"), ("a_only", "k")):
             r = runs.get(roles[role], {}).get(s)
             if r is None:
                 continue
@@ -114,7 +115,7 @@ def draw_seesaw(sec: dict[str, Any], path: Path) -> Path:
                     mark = "rv" if e["event"] == "regression" else "g^"
                     top.plot([e["step"]], [e["score"]], mark, ms=9)
         k = st["per_seed"].get(s, {}).get("onset")
-        if k is not None:
+        if k is not None:  # (the onset is measured on the guard's run)
             step = runs[roles["guard"]][s]["sweeps"][k]["step"]
             top.axvline(step, ls="--", color="grey", lw=1)
         top.set_title(f"seed {s}")

@@ -6,7 +6,7 @@ trained per step, the guard's events) and the statistics computed from it (``sta
 module is the one place those statistics are computed; run as a script it recomputes them from
 the extract alone and checks that they agree with the stored ones (exit 1 if not):
 
-    .venv/bin/python benchmarks/scheduler_stats.py [benchmarks/scheduler_real.json]
+    .venv/bin/python benchmarks/scheduler_stats.py [benchmarks/scheduler_real.json] [--write]
 
 Definitions (docs/scheduler.md, "Pre-registration"):
 
@@ -36,6 +36,7 @@ import numpy as np
 BASELINE = "uniform + filter"
 ORACLE = "oracle static mix"
 ADAPTIVE = "adaptive"
+PROBE = "uniform + filter, 4x over-sampling (probe)"  # generates 4x: reported, not competing
 
 
 def t_cdf(x: float, df: int) -> float:
@@ -148,10 +149,20 @@ def arm_summary(arm_runs: dict[str, dict[str, Any]], tau: float) -> dict[str, An
 
 
 def budget_check(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Every step of every run generated and trained the same numbers of groups."""
-    gen = {n for arm in runs.values() for r in arm.values() for n in r["groups_generated"]}
-    tr = {n for arm in runs.values() for r in arm.values() for n in r["groups_trained"]}
-    return {"generated": sorted(gen), "trained": sorted(tr), "equal": len(gen) == len(tr) == 1}
+    """Groups generated and trained per step, per arm over all its runs and steps; ``equal``:
+    every step of every competing arm (all but the over-sampling probe) generated the same number
+    and trained the same number."""
+    per_arm = {
+        arm: {
+            "generated": sorted({n for r in rs.values() for n in r["groups_generated"]}),
+            "trained": sorted({n for r in rs.values() for n in r["groups_trained"]}),
+        }
+        for arm, rs in runs.items()
+    }
+    competing = [v for arm, v in per_arm.items() if arm != PROBE]
+    gen = sorted({n for v in competing for n in v["generated"]})
+    tr = sorted({n for v in competing for n in v["trained"]})
+    return {"generated": gen, "trained": tr, "equal": len(gen) == len(tr) == 1, "arms": per_arm}
 
 
 def _se2(a: dict[str, float], b: dict[str, float]) -> float:
@@ -205,7 +216,8 @@ def seesaw(doc: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"validity": {}, "per_seed": {}}
     for s, r in runs.get(arms["a_only"], {}).items():
         a, b = change(r, a_dom), change(r, b_dom)
-        out["validity"][s] = {"a": a, "b": b, "valid": bool(a["z"] > 3 and b["z"] < -3)}
+        out["validity"][s] = {"a": a, "b": b, "valid": bool(a["z"] > 3 and b["z"] < -3),
+                              "onset": onset(r, b_dom), "flag": first_flag(r, b_dom)}  # fmt: skip
     for s, r in runs.get(arms["guard"], {}).items():
         other = runs.get(arms["no_guard"], {}).get(s)
         k = onset(r, b_dom)
@@ -269,16 +281,43 @@ def close(a: Any, b: Any, tol: float = 1e-9) -> bool:
     return bool(a == b)
 
 
+def verdicts(st: dict[str, Any]) -> dict[str, Any]:
+    """The pre-registered answers of one section, for the printout."""
+    if "validity" in st:
+        return {k: st[k] for k in ("valid_all_seeds", "seeds_with_onset", "caught", "back_sooner")}
+    out = {k: st[k] for k in ("headroom", "win", "share_of_oracle_gain") if k in st}
+    for arm, v in st["vs_baseline"].items():
+        p = v["primary"]
+        if p and p["n"] > 1:
+            out[arm] = f"{p['mean']:+.4f} (se {p['se']:.4f}, lb {p['lower95']:+.4f}, n {p['n']})"
+    for name, p in st.get("contrasts", {}).items():
+        if p and p["n"] > 1:
+            out[name] = f"{p['mean']:+.4f} [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"
+    if BASELINE in st["arms"]:
+        out["baseline guard events / run"] = st["arms"][BASELINE]["guard_events_mean"]
+    out["equal budget"] = st["budget"]["equal"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Recompute every section's statistics from its runs; exit 1 if any disagrees with the
+    stored ones. ``--write`` stores the recomputed statistics instead (after a change here)."""
     argv = sys.argv[1:] if argv is None else argv
+    write = "--write" in argv
+    argv = [x for x in argv if x != "--write"]
     path = Path(argv[0] if argv else Path(__file__).with_name("scheduler_real.json"))
     doc = json.loads(path.read_text())
     bad = []
     for name, section in doc.get("sections", {}).items():
         again = json.loads(json.dumps(compute(section)))  # the same JSON round trip as stored
-        ok = close(again, section["stats"])
+        if write:
+            section["stats"] = again
+        ok = close(again, section.get("stats"))
         print(f"{name}: {'agrees' if ok else 'DISAGREES'} with the stored statistics")
+        print("  " + json.dumps(verdicts(again)))
         bad += [] if ok else [name]
+    if write:
+        path.write_text(json.dumps(doc, indent=1) + "\n")
     return 1 if bad else 0
 
 

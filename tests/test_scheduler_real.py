@@ -143,6 +143,17 @@ def test_statistics_headroom_win_regressions_and_recompute(tmp_path) -> None:
     assert st.main([str(path)]) == 1
 
 
+def test_budget_is_checked_over_the_competing_arms_and_the_probe_apart() -> None:
+    runs = {st.BASELINE: {"21": fake_run(0.4, 21)}, st.ORACLE: {"21": fake_run(0.4, 21)}}
+    runs[st.PROBE] = {"21": {**fake_run(0.4, 21), "groups_generated": [32] * 3}}
+    b = st.budget_check(runs)
+    assert (b["generated"], b["trained"], b["equal"]) == ([16], [8], True)
+    assert b["arms"][st.PROBE] == {"generated": [32], "trained": [8]}
+    runs[st.ORACLE]["22"] = {**fake_run(0.4, 22), "groups_trained": [8, 7, 8]}
+    b = st.budget_check(runs)
+    assert (b["trained"], b["equal"]) == ([7, 8], False)
+
+
 def test_regression_threshold_is_twice_the_baselines_robust_sweep_noise() -> None:
     runs = [fake_run(0.30, s) for s in (21, 22, 23)]  # changes: 0, +0.01, +0.02 then back
     ch = sorted(c for r in runs for c in st.sweep_changes(r))
@@ -190,6 +201,7 @@ def test_seesaw_statistics_validity_onset_catch_and_return() -> None:
     out = st.compute({"kind": "seesaw", "pair": ["A", "B"], "roles": roles, "runs": runs})
     v = out["validity"]["1"]
     assert v["valid"] and v["a"]["diff"] == pytest.approx(0.2) and v["b"]["z"] < -3
+    assert (v["onset"], v["flag"]) == (1, None)  # 0.05 > 2 * sqrt(2) * 0.01; no guard event
     row = out["per_seed"]["1"]
     # onset: 0.3 - 0.2 = 0.1 > 2 * sqrt(2) * 0.01 at sweep 2; flagged at sweep 3; back at 4
     assert row == {
@@ -219,7 +231,7 @@ def test_committed_json_agrees_with_its_extract() -> None:
 
 
 def test_quick_mode_trains_every_core_arm_and_the_pair(tmp_path) -> None:
-    """--quick: real training (2 steps) of the core arms and of the seesaw pair, each run
+    """--quick: real training (3 steps) of the core arms and of the seesaw pair, each run
     checked to generate and train the planned groups at every step; nothing tracked written."""
     out, runs = tmp_path / "q.json", tmp_path / "runs"
     args = ["--quick", "--out", str(out), "--run-dir", str(runs), "--wandb", "disabled"]
@@ -232,10 +244,11 @@ def test_quick_mode_trains_every_core_arm_and_the_pair(tmp_path) -> None:
     assert set(core["runs"]) == set(sr.CORE)
     for arm in core["runs"].values():
         (r,) = arm.values()
-        assert r["groups_generated"] == [4, 4] and r["groups_trained"] == [2, 2]
-        assert [s["step"] for s in r["sweeps"]] == [0, 1, 2]
+        assert r["groups_generated"] == [4] * 3 and r["groups_trained"] == [2] * 3
+        assert [s["step"] for s in r["sweeps"]] == [0, 1, 3]
         assert all(v["distinct"] == 4 for v in r["sweeps"][-1]["domains"].values())
-    assert core["stats"]["budget"] == {"generated": [4], "trained": [2], "equal": True}
+    budget = core["stats"]["budget"]
+    assert (budget["generated"], budget["trained"], budget["equal"]) == ([4], [2], True)
     pair = doc["quick-seesaw"]
     assert set(pair["runs"]) == set(pair["roles"].values()) and "validity" in pair["stats"]
     assert (tmp_path / "q_seesaw.png").stat().st_size > 10_000

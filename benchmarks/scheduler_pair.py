@@ -53,7 +53,7 @@ def main(a: argparse.Namespace, out: Path) -> int:
     from scheduler_report import draw_seesaw
 
     e = pair_args(a)
-    seeds = sr.DEV_SEEDS[:1] if a.quick else sr.ABLATION_SEEDS
+    seeds = sr.subset_seeds(sr.DEV_SEEDS[:1] if a.quick else sr.ABLATION_SEEDS, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = sr.section(doc, "quick-seesaw" if a.quick else "seesaw", e)
     sec.update(kind="seesaw", pair=list(PAIR), roles=ROLES, arms=ARMS)

@@ -341,6 +341,15 @@ def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, 
     raise ValueError(f"--part {part!r}: choose one of dev, core, ablations, seesaw")
 
 
+def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, ...]:
+    """The part's seeds, or the subset ``--seeds`` names (the rest can run apart and merge)."""
+    if not only:
+        return seeds
+    if not set(only) <= set(seeds):
+        raise ValueError(f"--seeds {sorted(set(only) - set(seeds))} not among {list(seeds)}")
+    return tuple(s for s in seeds if s in only)
+
+
 def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     from scheduler_report import draw, table
 
@@ -352,6 +361,7 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
         arms = {k: v for k, v in arms.items() if k in a.arms}
     if a.quick:
         name, seeds = f"quick-{name}", DEV_SEEDS[:1]
+    seeds = subset_seeds(seeds, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
     sec["arms"] = {**sec.get("arms", {}), **arms}
@@ -404,6 +414,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="core", choices=["dev", "core", "ablations", "seesaw"])
     ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
+    ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")
     ap.add_argument("--set", default="D1", choices=["D1", "D2"], help="domain set")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--prompts", type=int, help="trained groups per step [8; D2: 4]")

@@ -38,7 +38,10 @@ def table(sec: dict[str, Any]) -> str:
     for name, c in st.get("contrasts", {}).items():
         lines.append(f"{name} ({c['arm']} - {c['baseline']}): {_ci(c)}")
     extra = {k: st[k] for k in ("headroom", "win", "share_of_oracle_gain") if k in st}
-    lines.append(f"regression threshold {st['regression_threshold']:.4f}; budget {st['budget']}")
+    b = st["budget"]
+    per_step = f"generated {b['generated']}, trained {b['trained']} groups/step, equal {b['equal']}"
+    tau = st["regression_threshold"]
+    lines.append(f"regression threshold {tau:.4f}; competing arms {per_step}")
     lines.append(f"verdicts: {extra}")
     return "\n".join(lines)
 

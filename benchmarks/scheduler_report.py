@@ -113,7 +113,7 @@ def draw_seesaw(sec: dict[str, Any], path: Path) -> Path:
                 top.plot(xs, ys, style, color=colour, ms=3, label=f"{roles[role]}: {dom}")
             share = [sw["domains"][b_dom]["share"] for sw in r["sweeps"]]
             low.plot(xs, share, "-", color=colour, label=roles[role])
-            if role == "guard":
+            if role != "no_guard":  # the guard flags in every run; it reacts only in "guard"
                 for e in (e for e in r["events"] if e["domain"] == b_dom):
                     mark = "rv" if e["event"] == "regression" else "g^"
                     top.plot([e["step"]], [e["score"]], mark, ms=9)

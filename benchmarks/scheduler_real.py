@@ -137,6 +137,9 @@ CONTRASTS = {"temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE)}
 D2_CORE: Arms = {  # the headroom study on D2: the baseline and D2's oracle
     stats.BASELINE: CORE[stats.BASELINE],
     stats.ORACLE: static(even(D2_FRONTIER)),
+    # added 2026-12-02 after D2 showed headroom on seeds 21-25, not in the pre-registration's
+    # list of D2 arms (docs/scheduler.md says so): the adaptive arm as decided on dev seed 1
+    stats.ADAPTIVE: ADAPTIVE,
 }
 
 

@@ -26,12 +26,18 @@ test: setup lint typecheck unit
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
-# The domain scheduler in real training (not part of `make bench`), ~45 min on 2 cores: 4 arms x
-# 3 report seeds on 12 tiny domains, the per-domain temperature A/B, the constructed pair alone; writes
-# benchmarks/scheduler_real.json, scheduler_pair.json, their PNGs and docs/scheduler_seesaw.png.
+# The domain scheduler in real training (not part of `make bench`), pre-registered in
+# docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair's
+# validity arm on 3, on the tinysched/* domains, then the second domain set's headroom study
+# (D1 showed no headroom); writes benchmarks/scheduler_real.json (per-run extract + statistics)
+# and its PNGs, then recomputes the statistics from the extract. ~4 h on 2 shared cores.
 bench-scheduler: setup
-	$(BIN)/python benchmarks/scheduler_real.py
-	$(BIN)/python benchmarks/scheduler_pair.py
+	$(BIN)/python benchmarks/scheduler_real.py --part core
+	$(BIN)/python benchmarks/scheduler_real.py --part ablations
+	$(BIN)/python benchmarks/scheduler_real.py --part core --set D2
+	$(BIN)/python benchmarks/scheduler_real.py --part seesaw --arms "train A only" \
+		--seesaw-png benchmarks/scheduler_pair_validity.png
+	$(BIN)/python benchmarks/scheduler_stats.py
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
 # benchmarks/results.json as long_context.cp2_vs_cp1.

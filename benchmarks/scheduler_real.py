@@ -1,36 +1,39 @@
-"""The domain scheduler in real training: adaptive vs uniform mixing (``make bench-scheduler``).
+"""The domain scheduler in real training (``make bench-scheduler``), pre-registered in
+docs/scheduler.md ("Pre-registration") before any report run.
 
-Every arm trains the shipped base model (``models/tiny-base``) with the demo's RL settings on
-the same 12 domains (``DOMAINS``: the demo's four ``tiny/*`` plus eight ``tinymix/*``, greedy
-start accuracy 0.15-0.90, including the constructed interfering pair ``tinymix/add`` /
-``tinymix/add_last_digit``), for the same steps, with the same rollout budget: every arm runs
-the zero-variance filter with ``oversample: 2``, so every arm generates the same number of
-groups per step. That is checked twice: from the configs before anything runs, and from each
-run's ``rollout/samples`` afterwards; a mismatch raises.
+Every arm trains the shipped base model (``models/tiny-base``) with the demo's RL settings on the
+same domains (``DOMAINS``, from domains/tiny_sched.py: frontier, saturated and near-impossible
+ones, each with >= 1,000 distinct prompts; ``benchmarks/scheduler_domains.py`` measured why),
+for the same steps, generating *and training* the same number of groups per step: every arm
+runs the zero-variance filter with ``oversample: 2`` and ``fill_batch`` (a short refill trains
+zero-variance groups, advantage 0, instead of fewer groups). Each run's own metrics are checked
+after it ran (``rollout/groups_generated`` and ``rollout/groups_trained`` at every step; a
+mismatch raises), except the over-sampling probe, which generates 4x on purpose and competes
+with nothing.
 
-Arms: ``uniform + zero-var filter`` (the same-budget baseline), ``adaptive`` (target-difficulty
-mix, curriculum, seesaw guard with a temperature bump, lag boost, diversity-driven per-domain
-temperature), and two ablations: ``adaptive, no seesaw guard`` and ``adaptive, fixed
-temperature``. The adaptive settings were written down before any run of this benchmark.
+The metric is the harness's (issue 21): per domain, sampled pass@1 at T = 1 over
+``EVAL_PROMPTS`` distinct held-out prompts, 4 samples each (primary) and greedy accuracy on the
+same prompts (secondary); a run scores the mean over domains at its last sweep.
 
-Seeds: ``REPORT_SEEDS`` were fixed in this file before any tuning and are the only ones to
-quote; ``DEV_SEEDS`` are for development and smoke runs and are reported in a separate section
-of the JSON. Per arm and seed the JSON holds, from the run's own per-domain held-out curves
-(greedy, fixed level-0 eval set): mean and worst-domain final accuracy, regressions (domains
-ending more than 2 points below their own best sweep), generated groups per step, wall time.
-It also draws ``<out>_radar.png`` (final accuracy per domain, one line per arm, mean over
-seeds) and ``<out>_curves.png`` (mean held-out accuracy against step per arm); each run's
-directory has its own ``radar.png`` and ``eval_curves.png``; W&B gets every run and a summary.
-With report seeds it draws docs/scheduler_seesaw.png from the first adaptive run whose guard
-flagged a domain (of the constructed pair if any), its no-guard twin dashed (``draw_seesaw``).
+Parts (``--part``; each merges its runs into ``benchmarks/scheduler_real.json`` and skips runs
+already there with the same settings, so parts can run apart):
 
-A second experiment (``--experiment temperature``; both run by default) asks whether the
-per-domain temperature pays: two low-signal domains, uniform mix, T = 1 fixed vs the diversity
-controller, same budget and seeds; it goes to the JSON's ``temperature`` section and
-``<out>_temperature.png``.
+* ``dev``: the oracle candidates (``ORACLE_CANDIDATES``) and the adaptive variants
+  (``ADAPTIVE_VARIANTS``) on ``DEV_SEEDS``; picks nothing by itself (the choice is in the
+  constants below and in docs/scheduler.md, with the dev numbers it came from);
+* ``core``: uniform + filter, the oracle static mix and the adaptive scheduler on
+  ``REPORT_SEEDS``;
+* ``ablations``: the per-domain temperature ablation and the 4x over-sampling probe on
+  ``ABLATION_SEEDS``;
+* ``seesaw``: the constructed pair (``benchmarks/scheduler_pair.py``).
 
-    .venv/bin/python benchmarks/scheduler_real.py                 # both experiments, 3 seeds
-    .venv/bin/python benchmarks/scheduler_real.py --smoke --out /tmp/s.json --run-dir /tmp/r
+The JSON keeps, per section, each run's extract (per-sweep per-domain scores, standard errors
+and distinct-prompt counts; groups generated, trained and trained with signal per step; the
+guard's events; mean mix share and temperature per domain) and the statistics computed from it
+by ``benchmarks/scheduler_stats.py``, which recomputes and checks them from the extract alone.
+
+    .venv/bin/python benchmarks/scheduler_real.py --part core      # or dev / ablations / seesaw
+    .venv/bin/python benchmarks/scheduler_real.py --quick --out /tmp/q.json --run-dir /tmp/q
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,65 +54,92 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from scheduler_report import draw, draw_temperature, log_wandb, table, temperature_table  # noqa: E402
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+import scheduler_stats as stats  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-DOMAINS = [
-    "tiny/basic_arithmetic",
-    "tiny/chain_sum",
-    "tiny/count_bits",
-    "tiny/letter_counting",
-    "tinymix/add",
-    "tinymix/add_last_digit",
-    "tinymix/sub",
-    "tinymix/count_bits_8bit",
-    "tinymix/equations",
-    "tinymix/lcm",
-    "tinymix/letter_counting_2words",
-    "tinymix/letter_counting_long",
+FRONTIER = ["tinysched/chain_sum_2digit", "tinysched/gcd_100", "tinysched/letters_3to5"]
+SATURATED = ["tinysched/letters_1word", "tinysched/letters_1to2"]
+IMPOSSIBLE = ["tinysched/products_2digit", "tinysched/spell_backward_4", "tinysched/arith_2digit"]
+DOMAINS = FRONTIER + SATURATED + IMPOSSIBLE  # domain set D1
+# D2 (used only if D1 shows no headroom): the two frontier domains that learned on the
+# development runs among ten that do not, and half the trained groups per step
+D2_FRONTIER = FRONTIER[1:]
+D2 = D2_FRONTIER + SATURATED + FRONTIER[:1] + IMPOSSIBLE
+D2 += [f"tinysched/{n}" for n in ("equations_50", "lcm_50", "spell_backward_6")]
+D2 += ["tinysched/chain_sum_3terms_2digit"]
+D2_PROMPTS = 4
+REPORT_SEEDS = (21, 22, 23, 24, 25, 26)  # fixed 2026-12-01 before any run; never tuned on
+ABLATION_SEEDS = REPORT_SEEDS[:3]  # ablations and the seesaw pair
+DEV_SEEDS = (1, 2)  # development: the oracle search and the adaptive options
+STEPS, PROMPTS, GROUP, EVAL_EVERY, EVAL_PROMPTS = 40, 8, 8, 10, 128
+BUDGET = [
+    "scheduler.filter_zero_variance=true",
+    "scheduler.oversample=2.0",
+    "scheduler.fill_batch=true",
 ]
-REPORT_SEEDS = (11, 12, 13)  # fixed 2026-12-01 before any run of this benchmark; never tuned on
-DEV_SEEDS = (1,)  # the demo's seed: development and smoke runs
-REGRESSION_POINTS = 0.02  # a domain "regressed" if it ends more than this below its own best
-BUDGET = ["scheduler.filter_zero_variance=true", "scheduler.oversample=2.0"]  # every arm
-ADAPTIVE = [
-    *BUDGET,
-    "scheduler.policy=target_difficulty",
-    "scheduler.floor=0.04",  # half the uniform share of 12 domains
-    "scheduler.target_min_score=0.3",
-    "scheduler.curriculum=true",
-    "scheduler.seesaw=true",
-    "scheduler.seesaw_temperature_scale=1.2",  # a flagged domain explores more
-    "scheduler.lag_boost=5.0",
+EVAL = [
+    "rl.eval_samples_per_prompt=4",
+    "rl.eval_temperature=1.0",
+    "rl.eval_greedy_also=true",
+    "rl.eval_train_prompts=0",
+]
+
+
+def static(weights: dict[str, float]) -> list[str]:
+    return [*BUDGET, "scheduler.policy=static", f"scheduler.weights={json.dumps(weights)}"]
+
+
+def even(domains: list[str]) -> dict[str, float]:
+    """Equal shares over ``domains`` that sum to exactly 1 in decimal."""
+    share = round(1.0 / len(domains), 6)
+    out = dict.fromkeys(domains, share)
+    out[domains[0]] = round(1.0 - share * (len(domains) - 1), 6)
+    return out
+
+
+ORACLE_CANDIDATES: dict[str, list[str]] = {  # static mixes tried on DEV_SEEDS
+    "static: frontier only": static(even(FRONTIER)),
+    "static: frontier + saturated": static(even(FRONTIER + SATURATED)),
+    "static: gcd + letters_3to5": static(even(FRONTIER[1:])),
+}
+ORACLE = "static: gcd + letters_3to5"  # the best dev-seed score (docs/scheduler.md, addendum)
+TEMPERATURE = [  # the heat-only per-domain temperature controller
     "scheduler.temperature_adapt=diversity",
-    "scheduler.temperature_target=0.6",  # share of groups with reward variance
-    "scheduler.temperature_min=0.6",
+    "scheduler.temperature_target=0.5",
     "scheduler.temperature_max=1.5",
 ]
-Arms = dict[str, list[str]]  # arm name -> config overrides
-ARMS: Arms = {  # arm -> config overrides on top of the demo config
-    "uniform + zero-var filter": [*BUDGET, "scheduler.policy=uniform"],
+ADAPTIVE = [*BUDGET, "scheduler.policy=learnability", "scheduler.learn_ucb=0.05"]
+# decided on dev seed 1 (docs/scheduler.md, addendum): the temperature controller did not pay
+# (0.318 vs 0.321) and stays off; the guard's reaction is off (it boosted a domain that fell
+# under its own training); the guard still runs and its events are counted
+ADAPTIVE_VARIANTS: dict[str, list[str]] = {  # options decided on DEV_SEEDS
     "adaptive": ADAPTIVE,
-    "adaptive, no seesaw guard": [*ADAPTIVE, "scheduler.seesaw=false"],
-    "adaptive, fixed temperature": [*ADAPTIVE, "scheduler.temperature_adapt=none"],
+    "adaptive + guard reaction": [*ADAPTIVE, "scheduler.seesaw=true"],
+    "adaptive + temperature controller": [*ADAPTIVE, *TEMPERATURE],
+    "adaptive, no UCB": [*ADAPTIVE, "scheduler.learn_ucb=0"],
 }
-# Does the per-domain temperature pay? Two domains whose 8-sample groups mostly carry no signal
-# at T=1 (tiny_headroom.py, dev seed 1: share of groups with reward variance 0.35, mostly
-# all-pass; 0.33, mostly all-fail), uniform mix for both arms so only the temperature differs.
-TEMPERATURE_DOMAINS = ["tiny/letter_counting", "tinymix/equations"]
-TEMPERATURE_ARMS: Arms = {
-    "T=1 fixed": [*BUDGET, "scheduler.policy=uniform"],
-    "per-domain T (diversity)": [
-        *BUDGET,
-        "scheduler.policy=uniform",
-        *[o for o in ADAPTIVE if o.startswith("scheduler.temperature")],
-    ],
+Arms = dict[str, list[str]]  # arm name -> config overrides on top of the demo config
+CORE: Arms = {
+    stats.BASELINE: [*BUDGET, "scheduler.policy=uniform"],
+    stats.ORACLE: ORACLE_CANDIDATES[ORACLE],
+    stats.ADAPTIVE: ADAPTIVE,
 }
-EXPERIMENTS = {  # name -> (arms, domains, held-out tasks per domain)
-    "mix": (ARMS, DOMAINS, 64),
-    "temperature": (TEMPERATURE_ARMS, TEMPERATURE_DOMAINS, 128),
+TEMPERATURE_ARM = "adaptive + temperature controller"  # the temperature ablation's other side
+PROBE = stats.PROBE
+ABLATIONS: Arms = {
+    TEMPERATURE_ARM: [*ADAPTIVE, *TEMPERATURE],
+    PROBE: [*BUDGET, "scheduler.policy=uniform", "scheduler.oversample=4.0"],
+}
+CONTRASTS = {"temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE)}
+D2_CORE: Arms = {  # the headroom study on D2: the baseline and D2's oracle
+    stats.BASELINE: CORE[stats.BASELINE],
+    stats.ORACLE: static(even(D2_FRONTIER)),
+    # added 2026-12-02 after D2 showed headroom on seeds 21-25, not in the pre-registration's
+    # list of D2 arms (docs/scheduler.md says so): the adaptive arm as decided on dev seed 1
+    stats.ADAPTIVE: ADAPTIVE,
 }
 
 
@@ -115,18 +147,25 @@ def slug(arm: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in arm).strip("_").replace("__", "_")
 
 
-def overrides(
-    arm: str,
-    seed: int,
-    a: argparse.Namespace,
-    run_dir: Path,
-    arms: Arms | None = None,
-) -> list[str]:
+def restrict(arm_cfg: list[str], domains: list[str]) -> list[str]:
+    """A static mix's weights on the domains of this run only (--quick runs fewer), renormalised
+    (even over the run's domains if none is left)."""
+    out = []
+    for o in arm_cfg:
+        if o.startswith("scheduler.weights="):
+            w = {k: v for k, v in json.loads(o.split("=", 1)[1]).items() if k in domains}
+            total = sum(w.values())
+            w = {k: v / total for k, v in w.items()} if total > 0 else even(domains)
+            o = f"scheduler.weights={json.dumps(w)}"
+        out.append(o)
+    return out
+
+
+def overrides(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> list[str]:
     """Everything but the arm's scheduler settings is the same for every arm."""
-    arms = ARMS if arms is None else arms
     return [
-        f"output_dir={run_dir}",
-        f"run_name={slug(arm)}-s{seed}",
+        f"output_dir={a.run_dir}",
+        f"run_name={name}",
         f"seed={seed}",
         f"model.hf_path={a.model}",
         f"domains.include={json.dumps(a.domains)}",
@@ -134,90 +173,91 @@ def overrides(
         "domains.level=0",
         f"train.steps={a.steps}",
         "train.threads=1",
+        "rl.off_policy=false",  # the pre-registered (on-policy) demo settings; main's demo is now
+        # off-policy (issue 25), which every report run here predates
         f"rl.prompts_per_step={a.prompts}",
         f"rl.group_size={a.group}",
         f"rl.eval_every={a.eval_every}",
         f"rl.eval_samples_per_domain={a.eval_n}",
+        *EVAL,
+        *(["rl.eval_samples_per_prompt=2"] if a.quick else []),
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",
-        *arms[arm],
+        *restrict(arm_cfg, a.domains),
     ]
 
 
-def planned_groups(
-    a: argparse.Namespace, run_dir: Path, arms: Arms | None = None
-) -> dict[str, int]:
-    """Generated groups per step of every arm, from its resolved config; all must be equal."""
+def planned_groups(arms: Arms, a: argparse.Namespace) -> dict[str, int]:
+    """Generated groups per step of every arm, from its resolved config."""
     from megatron_rl.config import load_config
 
-    arms = ARMS if arms is None else arms
     out = {}
-    for arm in arms:
-        cfg = load_config(CONFIG, overrides(arm, 0, a, run_dir, arms))
-        n = cfg.rl.prompts_per_step
-        s = cfg.scheduler
+    for arm, cfg_list in arms.items():
+        cfg = load_config(CONFIG, overrides(cfg_list, "plan", 0, a))
+        n, s = cfg.rl.prompts_per_step, cfg.scheduler
         out[arm] = math.ceil(n * s.oversample) if s.filter_zero_variance else n
-    if len(set(out.values())) != 1:
-        raise ValueError(f"arms generate different groups per step: {out}")
     return out
 
 
-def run_one(arm: str, seed: int, a: argparse.Namespace, run_dir: Path, arms: Arms) -> Path:
+def run_one(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
     cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG)]
-    cmd += overrides(arm, seed, a, run_dir, arms)
-    out = run_dir / f"{slug(arm)}-s{seed}"
+    cmd += overrides(arm_cfg, name, seed, a)
+    out = Path(a.run_dir) / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: the CLI would resume an old one
     out.mkdir(parents=True)
     with (out / "bench_stdout.txt").open("w") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         tail = (out / "bench_stdout.txt").read_text()[-2000:]
-        raise RuntimeError(f"{arm} seed {seed} failed (rc {proc.returncode}):\n{tail}")
+        raise RuntimeError(f"{name} failed (rc {proc.returncode}):\n{tail}")
     return out
 
 
-def score_run(run: Path, group_size: int) -> dict[str, Any]:
-    """Numbers of one run, from its own metrics.jsonl (eval curves) and summary.json."""
-    from megatron_rl.scheduler.curves import curve_data, read_jsonl
+def extract(run: Path, domains: list[str]) -> dict[str, Any]:
+    """What the statistics need of one run, from its own metrics.jsonl and events.jsonl."""
+    from megatron_rl.scheduler.curves import read_jsonl
 
-    curves = curve_data(run).curves
-    final = {d: pts[-1][1] for d, pts in curves.items()}
-    best = {d: max(v for _, v in pts) for d, pts in curves.items()}
-    start = {d: pts[0][1] for d, pts in curves.items()}
-    metrics = read_jsonl(run / "metrics.jsonl")
-    rows = [r for r in metrics if "rollout/samples" in r]
+    rows = read_jsonl(run / "metrics.jsonl")
+    sweeps: dict[int, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        if f"eval/{domains[0]}/accuracy" not in r:
+            continue
+        sweeps[int(r["step"])] = {
+            d: {
+                "primary": r[f"eval/{d}/accuracy"],
+                "primary_se": r.get(f"eval/{d}/stderr", math.nan),
+                "greedy": r.get(f"eval_greedy/{d}/accuracy", math.nan),
+                "greedy_se": r.get(f"eval_greedy/{d}/stderr", math.nan),
+                "distinct": r[f"eval/{d}/distinct"],
+            }
+            for d in domains
+        }
+    steps = [r for r in rows if "rollout/groups_trained" in r]
+    weight = {int(r["step"]): r for r in steps}
+    for s, sw in sweeps.items():  # the mix share the next steps were planned with
+        row = weight.get(min(s, max(weight, default=0)), {})
+        for d in domains:
+            sw[d]["share"] = row.get(f"sched/{d}/weight", math.nan)
     summary = json.loads((run / "summary.json").read_text())
     return {
-        "mean_acc": float(np.mean(list(final.values()))),
-        "worst_acc": float(min(final.values())),
-        "regressions": sum(final[d] < best[d] - REGRESSION_POINTS for d in final),
-        "rollouts_per_step": float(np.mean([r["rollout/samples"] for r in rows]) / group_size),
-        "wall_s": float(summary["wall_s"]),
-        "start_mean_acc": float(np.mean(list(start.values()))),
-        "final": final,
-        "start": start,
-        "best": best,
-        "curves": curves,
-        "mixed_share": mixed_share(metrics, list(final)),
-        "mean_temperature": mean_metric(metrics, list(final), "temperature"),
-        "regressed": sorted(d for d in final if final[d] < best[d] - REGRESSION_POINTS),
-        "seesaw_events": [
+        "sweeps": [{"step": s, "domains": sweeps[s]} for s in sorted(sweeps)],
+        "groups_generated": [int(r["rollout/groups_generated"]) for r in steps],
+        "groups_trained": [int(r["rollout/groups_trained"]) for r in steps],
+        "groups_with_signal": [int(r["rollout/groups_trained_with_signal"]) for r in steps],
+        "share": mean_metric(steps, domains, "weight"),
+        "temperature": mean_metric(steps, domains, "temperature"),
+        "events": [
             e
             for e in read_jsonl(run / "events.jsonl")
             if e.get("event") in ("regression", "recovery")
         ],
-        "run_dir": str(run),
+        "wall_s": float(summary["wall_s"]),
     }
 
 
-def mixed_share(rows: list[dict[str, Any]], domains: list[str]) -> dict[str, float]:
-    """Per domain, the run's mean share of groups with reward variance (1 - zero_var_frac)."""
-    return {d: 1.0 - v for d, v in mean_metric(rows, domains, "zero_var_frac").items()}
-
-
 def mean_metric(rows: list[dict[str, Any]], domains: list[str], name: str) -> dict[str, float]:
-    """Per domain, the run's mean of ``sched/<domain>/<name>`` (e.g. the sampling temperature)."""
+    """Per domain, the run's mean of ``sched/<domain>/<name>`` over its steps."""
     out = {}
     for d in domains:
         v = [r[f"sched/{d}/{name}"] for r in rows if f"sched/{d}/{name}" in r]
@@ -226,146 +266,199 @@ def mean_metric(rows: list[dict[str, Any]], domains: list[str], name: str) -> di
     return out
 
 
-def run_all(
-    a: argparse.Namespace, seeds: tuple[int, ...], run_dir: Path, arms: Arms
-) -> dict[str, Any]:
-    jobs = [(arm, s) for s in seeds for arm in arms]
+def check_budget(name: str, ex: dict[str, Any], generated: int, trained: int) -> None:
+    """Every step of the run generated and trained what every arm plans (raises if not)."""
+    gen, tr = set(ex["groups_generated"]), set(ex["groups_trained"])
+    if gen != {generated} or tr != {trained}:
+        raise RuntimeError(
+            f"{name}: generated {sorted(gen)} / trained {sorted(tr)} groups per step, "
+            f"expected {generated} / {trained} at every step"
+        )
 
-    def attempt(job: tuple[str, int]) -> Path | Exception:
+
+def run_arms(
+    arms: Arms,
+    seeds: tuple[int, ...],
+    a: argparse.Namespace,
+    done: dict,
+    save: Callable[[], None] = lambda: None,
+) -> dict:
+    """Every (arm, seed) not already in ``done`` (arm -> seed -> extract), two at a time; each
+    run's extract is checked and added as soon as it finishes (then ``save()``)."""
+    planned = planned_groups(arms, a)
+    competing = {planned[arm] for arm in arms if arm != PROBE}
+    if len(competing) > 1:
+        raise ValueError(f"competing arms plan different groups per step: {planned}")
+    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in done.get(arm, {})]
+    lock, failed = threading.Lock(), []
+
+    def attempt(job: tuple[str, int]) -> None:
+        arm, s = job
         try:
-            return run_one(job[0], job[1], a, run_dir, arms)
-        except RuntimeError as e:  # the other runs go on; all failures are raised at the end
+            ex = extract(run_one(arms[arm], f"{slug(arm)}-s{s}", s, a), a.domains)
+            check_budget(f"{arm} seed {s}", ex, planned[arm], a.prompts)
+        except RuntimeError as e:  # the other runs go on; failures are raised at the end
             print(e, file=sys.stderr, flush=True)
-            return e
+            failed.append(f"{arm} seed {s}")
+            return
+        with lock:
+            done.setdefault(arm, {})[str(s)] = ex
+            save()
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        done = list(pool.map(attempt, jobs))
-    failed = [
-        f"{arm} seed {s}" for (arm, s), d in zip(jobs, done, strict=True) if not isinstance(d, Path)
-    ]
+        list(pool.map(attempt, jobs))
     if failed:
-        raise RuntimeError(
-            f"{len(failed)} of {len(jobs)} runs failed: {failed} (logs in {run_dir})"
-        )
-    dirs = [d for d in done if isinstance(d, Path)]
-    results: dict[str, Any] = {arm: {} for arm in arms}
-    for (arm, seed), d in zip(jobs, dirs, strict=True):
-        results[arm][str(seed)] = score_run(d, a.group)
-    per_step = {r["rollouts_per_step"] for arm in results.values() for r in arm.values()}
-    if len(per_step) != 1:
-        raise RuntimeError(f"measured generated groups per step differ across runs: {per_step}")
-    return results
+        raise RuntimeError(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
+    return done
+
+
+def settings(a: argparse.Namespace) -> dict[str, Any]:
+    """What a section's runs share; a stored run is reused only under the same settings."""
+    keys = ("steps", "prompts", "group", "eval_every", "eval_n", "domains", "model")
+    return {k: getattr(a, k) for k in keys} | {"eval": EVAL, "budget": BUDGET}
+
+
+def section(doc: dict[str, Any], name: str, a: argparse.Namespace) -> dict[str, Any]:
+    """The JSON section ``name``; its runs are dropped when the settings changed."""
+    sec = doc.setdefault("sections", {}).setdefault(name, {})
+    if sec.get("settings") != json.loads(json.dumps(settings(a))):
+        sec.clear()
+        sec["settings"] = settings(a)
+    sec.setdefault("runs", {})
+    return sec
+
+
+def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, ...]]:
+    """(JSON section, arms, seeds) of a part."""
+    if domain_set == "D2":
+        if part != "core":
+            raise ValueError("--set D2 has only the headroom study: --part core")
+        return "report-D2", D2_CORE, REPORT_SEEDS
+    if part == "dev":
+        arms = {stats.BASELINE: CORE[stats.BASELINE], **ORACLE_CANDIDATES, **ADAPTIVE_VARIANTS}
+        return "dev", arms, DEV_SEEDS
+    if part == "core":
+        return "report", CORE, REPORT_SEEDS
+    if part == "ablations":
+        return "report", ABLATIONS, ABLATION_SEEDS
+    raise ValueError(f"--part {part!r}: choose one of dev, core, ablations, seesaw")
+
+
+def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, ...]:
+    """The part's seeds, or the subset ``--seeds`` names (the rest can run apart and merge)."""
+    if not only:
+        return seeds
+    if not set(only) <= set(seeds):
+        raise ValueError(f"--seeds {sorted(set(only) - set(seeds))} not among {list(seeds)}")
+    return tuple(s for s in seeds if s in only)
+
+
+def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from scheduler_report import draw, table
+
+    name, arms, seeds = part_arms(part, a.set)
+    if a.arms:  # a subset of the part's arms (the rest can run later; the JSON merges them)
+        unknown = sorted(set(a.arms) - set(arms))
+        if unknown:
+            raise ValueError(f"--arms {unknown} not in part {part!r}: {sorted(arms)}")
+        arms = {k: v for k, v in arms.items() if k in a.arms}
+    if a.quick:
+        name, seeds = f"quick-{name}", DEV_SEEDS[:1]
+    seeds = subset_seeds(seeds, a.seeds)
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    sec = section(doc, name, a)
+    sec["arms"] = {**sec.get("arms", {}), **arms}
+    t0 = time.time()
+    run_arms(arms, seeds, a, sec["runs"], lambda: write(out, doc))
+    sec["contrasts"] = {k: v for k, v in CONTRASTS.items() if all(x in sec["runs"] for x in v)}
+    sec["stats"] = json.loads(json.dumps(stats.compute(sec)))
+    sec.setdefault("wall_s", {})[part] = round(time.time() - t0, 1)
+    write(out, doc)
+    print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
+    print(table(sec))
+    if "report" in name:  # benchmarks/scheduler_real[_D2]_{curves,domains}.png
+        suffix = "" if a.set == "D1" else f"_{a.set}"
+        print("drew", *draw(sec, out.with_name(out.stem + suffix)))
+    return sec
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    """The whole JSON, written atomically (a kill mid-write keeps the previous file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def merge(out: Path, other: Path) -> None:
+    """Add the runs of another benchmark JSON (written by a concurrent process) to ``out``,
+    section by section (same settings required), and recompute the statistics."""
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    for name, sec in json.loads(other.read_text()).get("sections", {}).items():
+        mine = doc.setdefault("sections", {}).setdefault(name, {})
+        if mine and mine.get("settings") != sec["settings"]:
+            raise ValueError(f"section {name!r}: {other} was run with other settings")
+        for key in ("settings", "kind", "pair", "roles"):
+            if key in sec:
+                mine[key] = sec[key]
+        mine["arms"] = {**mine.get("arms", {}), **sec.get("arms", {})}
+        for arm, runs in sec["runs"].items():
+            mine.setdefault("runs", {}).setdefault(arm, {}).update(runs)
+        mine["wall_s"] = {**mine.get("wall_s", {}), **sec.get("wall_s", {})}
+        if "contrasts" in sec or mine.get("kind") != "seesaw":
+            mine["contrasts"] = {
+                k: v for k, v in CONTRASTS.items() if all(x in mine["runs"] for x in v)
+            }
+        mine["stats"] = json.loads(json.dumps(stats.compute(mine)))
+    write(out, doc)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiment", choices=["all", *EXPERIMENTS], default="all")
-    ap.add_argument("--seeds", choices=["report", "dev"], default="report")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--prompts", type=int, default=16, help="trained groups per step")
-    ap.add_argument("--group", type=int, default=8, help="completions per group")
-    ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--eval-n", type=int, help="held-out tasks per domain [per experiment]")
+    ap.add_argument("--part", default="core", choices=["dev", "core", "ablations", "seesaw"])
+    ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
+    ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")
+    ap.add_argument("--set", default="D1", choices=["D1", "D2"], help="domain set")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--prompts", type=int, help="trained groups per step [8; D2: 4]")
+    ap.add_argument("--group", type=int, default=GROUP, help="completions per group")
+    ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    ap.add_argument("--eval-n", type=int, default=EVAL_PROMPTS, help="distinct eval prompts")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (1 torch thread each)")
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
-    ap.add_argument("--domains", nargs="+", help="the mix experiment's domains (default: DOMAINS)")
     ap.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "disabled"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))
-    ap.add_argument("--smoke", action="store_true", help="2 steps, 2-3 domains, dev seed")
+    ap.add_argument("--seesaw-png", default=str(ROOT / "docs" / "scheduler_seesaw.png"))
+    ap.add_argument("--quick", action="store_true", help="3 steps, 3 domains, 1 dev seed")
+    ap.add_argument("--merge", help="add this JSON's runs to --out and recompute; no runs")
     a = ap.parse_args(argv)
-    if a.smoke:
-        a.seeds, a.steps, a.prompts, a.eval_every, a.eval_n = "dev", 2, 2, 1, 4
-        a.domains = ["tiny/letter_counting", "tinymix/add", "tinymix/add_last_digit"]
+    if a.eval_every == 1:  # the sweep after step 0 is logged at step 0, as the start's is
+        ap.error("--eval-every 1 would log two sweeps at step 0 (the start's); allowed: 0 or >= 2")
+    a.domains = list(DOMAINS if a.set == "D1" else D2)
+    a.prompts = a.prompts or (PROMPTS if a.set == "D1" else D2_PROMPTS)
+    if a.quick:
+        # sweeps at the start, after step 1 (logged at 1) and at the end (3); with eval_every=1
+        # the eval after step 0 would be logged at step 0, the start sweep's step
+        a.steps, a.prompts, a.eval_every, a.eval_n = 3, 2, 2, 4
+        a.domains = [FRONTIER[1], SATURATED[0], IMPOSSIBLE[0]]
+        a.seesaw_png = str(Path(a.out).with_name(f"{Path(a.out).stem}_seesaw.png"))
     return a
-
-
-PAIR = ("tinymix/add", "tinymix/add_last_digit")  # the constructed conflicting pair
-
-
-def draw_seesaw(results: dict[str, Any], path: Path) -> list[Path]:
-    """The seesaw picture: the ``adaptive`` run of the first seed whose guard flagged a domain of
-    the constructed pair (else any domain), that domain's curve with the events, its share of
-    the mix and its temperature; the same seed without the guard dashed (identical until the
-    guard first acts), the partner dotted. Nothing is drawn if the guard never fired."""
-    from megatron_rl.scheduler.curves import seesaw_png
-
-    runs = results.get("adaptive", {})
-    flagged = [
-        (seed, e["domain"])
-        for seed, r in runs.items()
-        for e in r["seesaw_events"]
-        if e["event"] == "regression"
-    ]
-    picks = [f for f in flagged if f[1] in PAIR] or flagged
-    if not picks:
-        print("the adaptive runs raised no regression event: no seesaw picture")
-        return []
-    seed, domain = picks[0]
-    other = results.get("adaptive, no seesaw guard", {}).get(seed)
-    partner = next((d for d in PAIR if d != domain), None) if domain in PAIR else None
-    compare = (other["run_dir"],) if other else ()
-    return [seesaw_png(runs[seed]["run_dir"], domain, path, compare, partner)]
-
-
-def settings(name: str, a: argparse.Namespace) -> tuple[Arms, argparse.Namespace]:
-    """An experiment's arms, and the arguments with its domains and eval size filled in."""
-    arms, domains, eval_n = EXPERIMENTS[name]
-    e = argparse.Namespace(**vars(a))
-    e.domains = a.domains if name == "mix" and a.domains else domains
-    e.eval_n = a.eval_n or eval_n
-    return arms, e
-
-
-def run_experiment(name: str, a: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    """Every arm x seed of one experiment; its section of the JSON."""
-    arms, e = settings(name, a)
-    seeds = REPORT_SEEDS if a.seeds == "report" else DEV_SEEDS
-    planned = planned_groups(e, run_dir, arms)
-    t0 = time.time()
-    results = run_all(e, seeds, run_dir, arms)
-    print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {e.steps} steps")
-    print(table(results))
-    if name == "temperature":
-        print(temperature_table(results))
-    return {
-        "seeds": a.seeds,
-        "seed_values": list(seeds),
-        "report_seeds": list(REPORT_SEEDS),
-        "dev_seeds": list(DEV_SEEDS),
-        "steps": e.steps,
-        "prompts_per_step": e.prompts,
-        "eval_tasks_per_domain": e.eval_n,
-        "generated_groups_per_step": planned,
-        "domains": e.domains,
-        "arms": arms,
-        "wall_s_total": round(time.time() - t0, 1),
-        "results": results,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    out, run_dir = Path(a.out), Path(a.run_dir)
-    names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
-    for name in names:
-        doc = run_experiment(name, a, run_dir)
-        prev = json.loads(out.read_text()) if out.is_file() else {}
-        # the mix experiment at the top (report / dev), others in their own section; report and
-        # dev results live side by side, never mixed; written after each experiment
-        section = prev if name == "mix" else prev.setdefault(name, {})
-        section[a.seeds] = doc
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(prev, indent=1))
-        prefix = out.with_suffix("")
-        if name == "mix":
-            pngs = draw(doc["results"], prefix)
-            seesaw = ROOT / "docs" / "scheduler_seesaw.png" if a.seeds == "report" else None
-            pngs += draw_seesaw(doc["results"], seesaw or Path(f"{prefix}_seesaw.png"))
-        else:
-            pngs = [draw_temperature(doc["results"], Path(f"{prefix}_{name}.png"))]
-        log_wandb(a.wandb, run_dir, name, doc, doc["results"], pngs)
-        print(f"wrote {out} ({name}) and {', '.join(str(p) for p in pngs)}")
+    out = Path(a.out)
+    if a.merge:
+        merge(out, Path(a.merge))
+        print(f"merged {a.merge} into {out}")
+        return 0
+    if a.part == "seesaw":
+        import scheduler_pair
+
+        return scheduler_pair.main(a, out)
+    run_part(a.part, a, out)
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,133 +1,132 @@
-"""Tables, pictures and the W&B summary of ``make bench-scheduler`` (scheduler_real.py)."""
+"""Tables and pictures of ``make bench-scheduler`` (scheduler_real.py, scheduler_pair.py), drawn
+from a JSON section's per-run extract and its statistics (scheduler_stats.py)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def table(results: dict[str, Any]) -> str:
-    head = f"{'arm':30s} {'mean acc':>8s} {'worst':>6s} {'#regr':>5s} {'rollouts/step':>13s}"
-    lines = [head + f" {'wall s':>7s}  per seed mean acc"]
-    for arm, runs in results.items():
-        m = {k: np.mean([r[k] for r in runs.values()]) for k in ("mean_acc", "worst_acc")}
-        reg = np.mean([r["regressions"] for r in runs.values()])
-        rps = np.mean([r["rollouts_per_step"] for r in runs.values()])
-        wall = np.mean([r["wall_s"] for r in runs.values()])
-        seeds = " ".join(f"{s}:{r['mean_acc']:.3f}" for s, r in runs.items())
+def _ci(c: dict[str, Any] | None) -> str:
+    if not c:
+        return ""
+    lo, hi = c.get("ci95", [math.nan, math.nan])
+    return f"{c['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] lb {c.get('lower95', math.nan):+.4f} {c['positive']}/{c['n']}"  # noqa: E501
+
+
+def table(sec: dict[str, Any]) -> str:
+    """Per arm: primary / greedy score (mean over seeds, mean eval-sampling SE), the paired
+    difference to the baseline with its 95% t interval, one-sided lower bound and sign count,
+    regressions and guard events per run."""
+    st = sec["stats"]
+    lines = [
+        f"{'arm':44s} {'seeds':>5s} {'pass@1':>7s} {'(se)':>6s} {'greedy':>6s} {'#regr':>5s} "
+        f"{'#guard':>6s}  paired vs baseline: mean [95% CI] lower bound, positive/n"
+    ]
+    for arm, s in st["arms"].items():
+        ps = s["per_seed"].values()
+        se = float(np.mean([v["primary_se"] for v in ps]))
+        vs = st["vs_baseline"].get(arm, {}).get("primary")
         lines.append(
-            f"{arm:30s} {m['mean_acc']:8.3f} {m['worst_acc']:6.3f} {reg:5.1f} {rps:13.0f} "
-            f"{wall:7.0f}  {seeds}"
+            f"{arm:44s} {len(s['per_seed']):5d} {s['primary_mean']:7.4f} {se:6.4f} "
+            f"{s['greedy_mean']:6.3f} {s['regressions_mean']:5.2f} {s['guard_events_mean']:6.2f}"
+            f"  {_ci(vs)}"
         )
+    for name, c in st.get("contrasts", {}).items():
+        lines.append(f"{name} ({c['arm']} - {c['baseline']}): {_ci(c)}")
+    extra = {k: st[k] for k in ("headroom", "win", "share_of_oracle_gain") if k in st}
+    b = st["budget"]
+    per_step = f"generated {b['generated']}, trained {b['trained']} groups/step, equal {b['equal']}"
+    tau = st["regression_threshold"]
+    lines.append(f"regression threshold {tau:.4f}; competing arms {per_step}")
+    lines.append(f"verdicts: {extra}")
     return "\n".join(lines)
 
 
-def mean_final(runs: dict[str, Any], key: str = "final") -> dict[str, float]:
-    """Per-domain accuracy (``final`` or ``start``) averaged over a dict of runs."""
-    doms = sorted({d for r in runs.values() for d in r[key]})
-    return {d: float(np.mean([r[key][d] for r in runs.values() if d in r[key]])) for d in doms}
+def mean_curve(runs: dict[str, Any], metric: str = "primary") -> tuple[list[int], np.ndarray]:
+    """Steps and the mean-over-domains score at each sweep, averaged over a dict of runs."""
+    per = []
+    for r in runs.values():
+        per.append([np.mean([v[metric] for v in sw["domains"].values()]) for sw in r["sweeps"]])
+    n = min(len(p) for p in per)
+    steps = [sw["step"] for sw in next(iter(runs.values()))["sweeps"][:n]]
+    return steps, np.mean([p[:n] for p in per], axis=0)
 
 
-def draw(results: dict[str, Any], prefix: Path) -> list[Path]:
-    """``<prefix>_radar.png`` (final accuracy per domain per arm) and ``<prefix>_curves.png``."""
-    from megatron_rl.scheduler.curves import _plt, _save, curve_data
-    from megatron_rl.scheduler.radar import draw_radar
+def draw(sec: dict[str, Any], prefix: Path) -> list[Path]:
+    """``<prefix>_curves.png``: mean sampled pass@1 per arm against step (mean over seeds);
+    ``<prefix>_domains.png``: final per-domain pass@1 per arm (mean over seeds)."""
+    from megatron_rl.scheduler.curves import _plt, _save
 
-    first = next(iter(results.values()))
-    start = mean_final(first, "start")
-    labels = list(start)
-    lines = {"start": np.array([start[d] for d in labels])}
-    for arm, runs in results.items():
-        fin = mean_final(runs)
-        lines[arm] = np.array([fin.get(d, np.nan) for d in labels])
-    short = [d.split("/", 1)[-1] for d in labels]
-    radar = draw_radar(short, lines, f"{prefix}_radar.png", "final held-out accuracy per domain")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5))
-    for arm, runs in results.items():
-        per_run = []
-        for r in runs.values():
-            curves = curve_data(r["run_dir"]).curves
-            steps = sorted({s for pts in curves.values() for s, _ in pts})
-            per_run.append([np.mean([dict(p)[s] for p in curves.values()]) for s in steps])
-        n = min(len(p) for p in per_run)
-        ax.plot(steps[:n], np.mean([p[:n] for p in per_run], axis=0), "-o", ms=3, label=arm)
+    for arm, runs in sec["runs"].items():
+        steps, ys = mean_curve(runs)
+        ax.plot(steps, ys, "-o", ms=3, label=f"{arm} ({len(runs)} seeds)")
     ax.set_xlabel("step")
-    ax.set_ylabel("mean held-out accuracy (mean over seeds)")
+    ax.set_ylabel("held-out sampled pass@1, mean over domains")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return [radar, _save(fig, plt, Path(f"{prefix}_curves.png"))]
+    ax.legend(fontsize=7)
+    curves = _save(fig, plt, Path(f"{prefix}_curves.png"))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    arms = list(sec["runs"])
+    domains = list(next(iter(next(iter(sec["runs"].values())).values()))["sweeps"][-1]["domains"])
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        fin = [
+            np.mean([r["sweeps"][-1]["domains"][d]["primary"] for r in sec["runs"][arm].values()])
+            for d in domains
+        ]
+        ax.bar(np.arange(len(domains)) + k * width, fin, width, label=arm)
+    ax.set_xticks(np.arange(len(domains)) + 0.4, [d.split("/")[-1] for d in domains], rotation=30)
+    ax.set_ylabel("final held-out sampled pass@1 (mean over seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return [curves, _save(fig, plt, Path(f"{prefix}_domains.png"))]
 
 
-def temperature_table(results: dict[str, Any]) -> str:
-    """Per arm and domain (mean over seeds): sampling temperature, share of generated groups
-    with reward variance, held-out accuracy at the start and at the end."""
-    lines = [f"{'arm':26s} {'domain':22s} {'mean T':>6s} {'mixed':>6s} {'start':>6s} {'final':>6s}"]
-    for arm, runs in results.items():
-        for d in mean_final(runs):
-            per = [r for r in runs.values() if d in r["final"]]
-            t = np.mean([r["mean_temperature"].get(d, 1.0) for r in per])
-            mixed = np.mean([r["mixed_share"].get(d, np.nan) for r in per])
-            start = np.mean([r["start"][d] for r in per])
-            final = np.mean([r["final"][d] for r in per])
-            lines.append(f"{arm:26s} {d:22s} {t:6.2f} {mixed:6.3f} {start:6.3f} {final:6.3f}")
-    return "\n".join(lines)
+def draw_seesaw(sec: dict[str, Any], path: Path) -> Path:
+    """One column per seed: B's (solid) and A's (dotted) held-out pass@1 against step in the
+    adaptive runs with and without the guard's reaction and in the "train A only" runs (black), B's
+    onset (dashed) and the guard's events on B (red: regression, green: recovery); below, B's
+    share of the mix."""
+    from megatron_rl.scheduler.curves import _plt, _save
 
-
-def draw_temperature(results: dict[str, Any], path: Path) -> Path:
-    """Per domain (columns): share of generated groups with reward variance and held-out
-    accuracy against step (rows), one line per arm, mean over seeds."""
-    from megatron_rl.scheduler.curves import _plt, _save, curve_data, read_jsonl, series
-
+    a_dom, b_dom = sec["pair"]
+    roles, runs, st = sec["roles"], sec["runs"], sec["stats"]
+    seeds = sorted({s for role in roles.values() for s in runs.get(role, {})}, key=int)
     plt = _plt()
-    domains = sorted({d for runs in results.values() for r in runs.values() for d in r["final"]})
-    fig, axes = plt.subplots(2, len(domains), figsize=(5 * len(domains), 7), squeeze=False)
-    for arm, runs in results.items():
-        for j, d in enumerate(domains):
-            mixed, acc = [], []
-            for r in runs.values():
-                rows = read_jsonl(Path(r["run_dir"]) / "metrics.jsonl")
-                mixed.append(series(rows, f"sched/{d}/zero_var_frac"))
-                acc.append(curve_data(r["run_dir"]).curves.get(d, []))
-            for ax, pts, invert in ((axes[0][j], mixed, True), (axes[1][j], acc, False)):
-                n = min(len(p) for p in pts)
-                if n == 0:
-                    continue
-                xs = [s for s, _ in pts[0][:n]]
-                ys = np.mean([[v for _, v in p[:n]] for p in pts], axis=0)
-                ax.plot(xs, 1 - ys if invert else ys, "-", lw=1.5, label=arm)
-    for j, d in enumerate(domains):
-        axes[0][j].set_title(d)
-        axes[0][j].set_ylabel("groups with reward variance")
-        axes[1][j].set_ylabel("held-out accuracy (greedy)")
-        axes[1][j].set_xlabel("step")
-        for ax in (axes[0][j], axes[1][j]):
+    fig, axes = plt.subplots(2, max(1, len(seeds)), figsize=(5 * max(1, len(seeds)), 7),
+                             squeeze=False, sharex=True)  # fmt: skip
+    for j, s in enumerate(seeds):
+        top, low = axes[0][j], axes[1][j]
+        for role, colour in (("guard", "tab:blue"), ("no_guard", "tab:orange"), ("a_only", "k")):
+            r = runs.get(roles[role], {}).get(s)
+            if r is None:
+                continue
+            xs = [sw["step"] for sw in r["sweeps"]]
+            for dom, style in ((b_dom, "-o"), (a_dom, ":")):
+                ys = [sw["domains"][dom]["primary"] for sw in r["sweeps"]]
+                top.plot(xs, ys, style, color=colour, ms=3, label=f"{roles[role]}: {dom}")
+            share = [sw["domains"][b_dom]["share"] for sw in r["sweeps"]]
+            low.plot(xs, share, "-", color=colour, label=roles[role])
+            if role != "no_guard":  # the guard flags in every run; it reacts only in "guard"
+                for e in (e for e in r["events"] if e["domain"] == b_dom):
+                    mark = "rv" if e["event"] == "regression" else "g^"
+                    top.plot([e["step"]], [e["score"]], mark, ms=9)
+        k = st["per_seed"].get(s, {}).get("onset")
+        if k is not None:  # (the onset is measured on the guard's run)
+            step = runs[roles["guard"]][s]["sweeps"][k]["step"]
+            top.axvline(step, ls="--", color="grey", lw=1)
+        top.set_title(f"seed {s}")
+        top.set_ylabel("held-out sampled pass@1")
+        low.set_ylabel(f"share of the mix: {b_dom.split('/')[-1]}")
+        low.set_xlabel("step")
+        for ax in (top, low):
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
     return _save(fig, plt, path)
-
-
-def log_wandb(
-    mode: str, runs: Path, name: str, doc: dict[str, Any], results: dict[str, Any], pngs: list[Path]
-) -> None:
-    """One W&B run per experiment (in ``runs/summary-<name>``) with the per-arm per-seed table
-    and the pictures."""
-    if mode == "disabled":
-        return
-    from megatron_rl.tracking.config import TrackingConfig
-    from megatron_rl.tracking.tracker import Tracker
-
-    run_dir = runs / f"summary-{name}"
-    tracker = Tracker(
-        TrackingConfig(wandb=mode), run_dir, {"arms": doc["arms"], "domains": doc["domains"]}
-    )
-    cols = ["arm", "seed", "mean_acc", "worst_acc", "regressions", "rollouts_per_step", "wall_s"]
-    rows = [
-        [arm, s] + [r[c] for c in cols[2:]] for arm, rs in results.items() for s, r in rs.items()
-    ]
-    tracker.table(0, f"scheduler_real_{name}", cols, rows)
-    for p in pngs:
-        tracker.image(0, p.stem, p)
-    tracker.finish()

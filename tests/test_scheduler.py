@@ -96,13 +96,15 @@ def test_temperature_schedule_and_bounds():
     assert {s.temperature for s in sched.plan(2, 8) if s.domain == "g0/d0"} <= {0.6}
 
 
-def test_temperature_adapts_to_entropy_target_within_bounds():
+def test_temperature_controller_heats_refills_only_and_never_cools():
     cfg = SchedulerConfig(
         temperature_adapt="entropy",
         temperature_target=1.0,
         temperature_adapt_rate=0.2,
         temperature_min=0.5,
         temperature_max=1.4,
+        filter_zero_variance=True,
+        oversample=2.0,
     )
     sched = DomainScheduler(cfg, domains(2), seed=0)
     for step in range(60):  # d0's entropy far below target, d1's far above
@@ -110,8 +112,58 @@ def test_temperature_adapts_to_entropy_target_within_bounds():
             step, [result("g0/d0", [0, 1], entropy=0.1), result("g1/d1", [0, 1], entropy=5.0)]
         )
         t = sched.temperatures()
-        assert np.all((t >= 0.5) & (t <= 1.4))
-    assert sched.temperatures() == pytest.approx([1.4, 0.5])
+        assert np.all((t >= 1.0) & (t <= 1.4))  # never below the base (1.0)
+    assert sched.temperatures() == pytest.approx([1.4, 1.0])  # d1 is not cooled
+    specs = sched.plan(60, 8)
+    primary, refill = specs[:8], specs[8:]
+    assert {(s.temperature, s.heated) for s in primary} == {(1.0, False)}  # the mix: at base
+    assert {(s.domain, s.temperature, s.heated) for s in refill} == {
+        ("g0/d0", 1.4, True),
+        ("g1/d1", 1.0, False),
+    }
+
+
+def test_mix_signals_are_measured_at_the_base_temperature_only():
+    """Heated groups feed the controller (their own diversity), never the learnability or the
+    level pass rate the mix and curriculum steer by."""
+    sched = DomainScheduler(SchedulerConfig(policy="learnability", learn_ucb=0.0), domains(2), 0)
+    flat, mixed = [1.0] * 8, [1.0, 0.0] * 4
+    hot = GroupResult("g0/d0", 0, mixed, [10] * 8, [False] * 8, heated=True)
+    sched.observe(0, [result("g0/d0", flat)] * 4 + [hot] * 4 + [result("g1/d1", mixed)] * 4)
+    learn = sched.stats.learnability()
+    assert learn == pytest.approx([0.0, 0.5])  # |r - mean| = 0.5 for half-pass groups
+    rate, _ = sched.stats.level_pass_rate()
+    assert rate[0] > 0.9  # 32 base samples all passed; the heated half-passes are not counted
+    assert sched.stats.diversity(np.array([True, False])) == pytest.approx([1.0, 1.0])
+    assert sched.stats.diversity(np.array([False, False]))[0] == pytest.approx(0.5, abs=0.05)
+    w = sched.mix()
+    assert w[1] > 0.99  # only d1 carries signal at the base temperature
+
+
+def test_learnability_policy_prefers_the_frontier_and_explores_with_ucb():
+    cfg = SchedulerConfig(policy="learnability", learn_ucb=0.0)
+    sched = DomainScheduler(cfg, domains(4), seed=0)
+    # d0 saturated (7/8), d1 at the frontier (4/8), d2 impossible (0/8); d3 never seen
+    feed(sched, {"g0/d0": 7 / 8, "g1/d1": 0.5, "g2/d2": 0.0}, step=0, groups=10)
+    w = sched.mix()
+    p = 7 / 8
+    assert w[:3] / w[1] == pytest.approx([2 * p * (1 - p) / 0.5, 1.0, 0.0], abs=1e-5)
+    assert w[3] == pytest.approx(w[1])  # never measured: optimistic, the largest signal
+    ucb = DomainScheduler(replace(cfg, learn_ucb=0.5), domains(4), seed=0)
+    feed(ucb, {"g0/d0": 7 / 8, "g1/d1": 0.5, "g2/d2": 0.0, "g0/d3": 0.0}, step=0, groups=10)
+    feed(ucb, {"g0/d0": 7 / 8, "g1/d1": 0.5, "g0/d3": 0.0}, step=1, groups=200)
+    w = ucb.mix()
+    assert w[2] > 2 * w[3] > 0  # same signal (none), d2 sampled 20x less: a larger UCB bonus
+
+
+def test_learnability_metric_and_groups_measured_count():
+    sched = DomainScheduler(SchedulerConfig(policy="learnability"), domains(2), seed=0)
+    feed(sched, {"g0/d0": 0.25}, step=0, groups=3)
+    m = sched.metrics()
+    assert m["sched/g0/d0/learnability"] == pytest.approx(2 * 0.25 * 0.75)
+    assert "sched/g1/d1/learnability" not in m  # never measured
+    assert sched.stats.measured_seen.tolist() == [3, 0]
+    assert m["sched/g0/d0/base_temperature"] == 1.0
 
 
 def test_curriculum_promotes_then_demotes():
@@ -170,7 +222,8 @@ def test_zero_variance_refill_keeps_batch_size_and_mix():
 
 
 def test_events_fit_a_tracker_call_and_history_keeps_steps():
-    sched = DomainScheduler(SchedulerConfig(seesaw=True), domains(1), seed=0)
+    cfg = SchedulerConfig(seesaw=True, seesaw_consecutive=1)
+    sched = DomainScheduler(cfg, domains(1), seed=0)
     sched.observe_eval(0, {"g0/d0": [1.0] * 32})
     logged = []
 
@@ -188,6 +241,7 @@ def test_events_fit_a_tracker_call_and_history_keeps_steps():
             "score": 0.0,
             "best": 1.0,
             "drop": 1.0,
+            "shared_dip": 0,
             "diff_upper_bound": -1.0,
         }
     ]
@@ -202,23 +256,86 @@ def test_no_filter_keeps_the_primary_groups():
     assert len(filtering.plan(0, 8)) == 12
 
 
-def test_seesaw_flags_real_regression_not_noise_and_boosts_weight():
+def sweep(base: np.ndarray, shift: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per-prompt scores [D, P]: ``base`` moved by ``shift`` [D], plus small noise."""
+    return np.clip(base + shift[:, None] + rng.normal(0, 0.02, base.shape), 0, 1)
+
+
+def test_seesaw_flags_a_sustained_drop_after_consecutive_sweeps_and_boosts_it():
     cfg = SchedulerConfig(seesaw=True, seesaw_boost=4.0)
     sched = DomainScheduler(cfg, domains(3), seed=0)
     rng = np.random.default_rng(1)
-    base = rng.random((3, 64))
+    base = rng.uniform(0.2, 0.8, (3, 64))
     names = sched.names
-    sched.observe_eval(0, {n: base[i].tolist() for i, n in enumerate(names)})
-    noisy = np.clip(base + rng.normal(0, 0.02, base.shape), 0, 1)
-    noisy[0] = np.clip(base[0] - 0.15, 0, 1)  # a real drop of ~0.13
-    noisy[1] = base[1] - 0.015  # below best but under seesaw_min_drop
-    events = sched.observe_eval(10, {n: noisy[i].tolist() for i, n in enumerate(names)})
-    assert [(e["event"], e["domain"]) for e in events] == [("regression", names[0])]
-    w = sched.mix()
-    assert w[0] == pytest.approx(4 / 6) and w[1] == pytest.approx(1 / 6)
-    events = sched.observe_eval(20, {n: base[i].tolist() for i, n in enumerate(names)})
-    assert [(e["event"], e["domain"]) for e in events] == [("recovery", names[0])]
+
+    def observe(step: int, shift: list[float]) -> list[tuple[str, str]]:
+        x = sweep(base, np.array(shift), rng)
+        events = sched.observe_eval(step, {n: x[i].tolist() for i, n in enumerate(names)})
+        return [(e["event"], e["domain"]) for e in events]
+
+    for step in range(3):
+        assert observe(step, [0.0, 0.0, 0.0]) == []
+    assert observe(3, [-0.15, -0.015, 0.0]) == []  # one drop sweep is not enough
+    assert observe(4, [-0.15, -0.015, 0.0]) == [("regression", names[0])]  # d1: under min_drop
+    assert sched.mix() == pytest.approx([4 / 6, 1 / 6, 1 / 6])
+    assert observe(5, [0.0, 0.0, 0.0]) == [("recovery", names[0])]
     assert sched.mix() == pytest.approx([1 / 3] * 3)
+
+
+def test_seesaw_reference_is_a_robust_best_not_one_lucky_sweep():
+    cfg = SchedulerConfig(seesaw=True, seesaw_consecutive=1, seesaw_window=3)
+    sched = DomainScheduler(cfg, domains(1), seed=0)
+    rng = np.random.default_rng(2)
+    base = rng.uniform(0.3, 0.7, (1, 64))
+    for step, shift in enumerate([0.0, 0.0, 0.12, 0.0]):  # sweep 2 is a lucky outlier
+        sched.observe_eval(step, {"g0/d0": sweep(base, np.array([shift]), rng)[0].tolist()})
+    # the per-prompt median of 3 sweeps: near the true level, far below the outlier (+0.12)
+    assert base.mean() <= sched.guard.best_mean[0] < base.mean() + 0.02
+    assert sched.events == []  # the sweep after the outlier is no "regression" from it
+    plain = SchedulerConfig(seesaw=True, seesaw_consecutive=1, seesaw_window=1)
+    naive = DomainScheduler(plain, domains(1), seed=0)  # window 1 = best single sweep
+    rng = np.random.default_rng(2)
+    rng.uniform(0.3, 0.7, (1, 64))
+    for step, shift in enumerate([0.0, 0.0, 0.12, 0.0]):
+        naive.observe_eval(step, {"g0/d0": sweep(base, np.array([shift]), rng)[0].tolist()})
+    assert [e["event"] for e in naive.events] == ["regression"]
+
+
+def test_seesaw_discounts_a_dip_every_domain_shares():
+    cfg = SchedulerConfig(seesaw=True, seesaw_consecutive=1)
+    sched = DomainScheduler(cfg, domains(4), seed=0)
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.3, 0.7, (4, 64))
+    names = sched.names
+    for step, shift in enumerate([[0.0] * 4, [-0.1] * 4, [-0.1, -0.1, -0.1, -0.25]]):
+        x = sweep(base, np.array(shift), rng)
+        sched.observe_eval(step, {n: x[i].tolist() for i, n in enumerate(names)})
+    # sweep 1: all dip by 0.1 -> nothing; sweep 2: d3 dips 0.15 more than the others
+    assert [(e["step"], e["domain"]) for e in sched.events] == [(2, names[3])]
+    assert sched.events[0]["shared_dip"] == pytest.approx(0.1, abs=0.02)
+    blind = DomainScheduler(replace(cfg, seesaw_common=False), domains(4), seed=0)
+    rng = np.random.default_rng(3)
+    rng.uniform(0.3, 0.7, (4, 64))
+    x = sweep(base, np.zeros(4), rng)
+    blind.observe_eval(0, {n: x[i].tolist() for i, n in enumerate(names)})
+    x = sweep(base, np.full(4, -0.1), rng)
+    assert len(blind.observe_eval(1, {n: x[i].tolist() for i, n in enumerate(names)})) == 4
+
+
+def test_seesaw_bootstraps_over_distinct_prompts():
+    """Four distinct prompts repeated 16 times: with their ids the drop is not significant
+    (4 prompts), without them the 64 copies look like 64 independent prompts."""
+    cfg = SchedulerConfig(seesaw=True, seesaw_consecutive=1)
+    before = [0.5, 0.5, 0.5, 0.5] * 16
+    after = [0.0, 0.0, 0.5, 0.6] * 16
+    ids = {"g0/d0": ["p0", "p1", "p2", "p3"] * 16}
+    for with_ids, flagged in ((True, False), (False, True)):
+        sched = DomainScheduler(cfg, domains(1), seed=0)
+        sched.observe_eval(0, {"g0/d0": before}, ids if with_ids else None)
+        sched.observe_eval(1, {"g0/d0": after}, ids if with_ids else None)
+        assert bool(sched.guard.flagged[0]) is flagged
+    with pytest.raises(ValueError, match="3 prompt ids for 64 eval scores"):
+        sched.observe_eval(2, {"g0/d0": after}, {"g0/d0": ["a", "b", "c"]})
 
 
 def test_lag_boost_favours_domains_below_the_median_eval():
@@ -294,7 +411,7 @@ def test_resume_rejects_other_domain_list():
     [
         (
             "scheduler.policy=bogus",
-            r"not registered; choose one of \['learning_progress', 'static'",
+            r"not registered; choose one of \['learnability', 'learning_progress', 'static'",
         ),
         ("scheduler.weights={a: 0.5, b: 0.4}", "weights must sum to 1"),
         ("scheduler.tier_weights={core: 0.5, long_tail: 0.6}", "tier_weights must sum to 1"),
@@ -303,6 +420,10 @@ def test_resume_rejects_other_domain_list():
         ("scheduler.floor=1.5", r"floor=1.5 must be in \[0, 1\)"),
         ("scheduler.oversample=0.5", "oversample=0.5 must be >= 1"),
         ("scheduler.lag_boost=-1", "lag_boost=-1.0 must be >= 0"),
+        ("scheduler.seesaw_window=0", "seesaw_window=0 must be >= 1"),
+        ("scheduler.seesaw_consecutive=0", "seesaw_consecutive=0 must be >= 1"),
+        ("scheduler.seesaw_temperature_scale=0.8", "seesaw_temperature_scale=0.8 must be >= 1"),
+        ("scheduler.learn_ucb=-0.1", "learn_ucb=-0.1 must be >= 0"),
     ],
 )
 def test_bad_config_fails_at_load(override, message):

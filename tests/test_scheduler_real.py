@@ -1,10 +1,11 @@
-"""benchmarks/scheduler_real.py (``make bench-scheduler``): same budget for every arm, the
-numbers it reports from a run's own curves, and a smoke run of real training for every arm."""
+"""benchmarks/scheduler_real.py (``make bench-scheduler``): every arm generates and trains the
+same groups per step, the extract and statistics it reports, the seesaw statistics, the
+recompute script against the committed JSON, and the quick mode of real training."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,137 +16,241 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import scheduler_real as sr  # noqa: E402
+import scheduler_stats as st  # noqa: E402
 
 
-def test_seeds_fixed_and_apart_and_arms_share_the_rollout_budget(tmp_path, monkeypatch) -> None:
-    assert len(sr.REPORT_SEEDS) >= 3 and not set(sr.REPORT_SEEDS) & set(sr.DEV_SEEDS)
-    _, a = sr.settings("mix", sr.parse(["--run-dir", str(tmp_path)]))
-    assert sr.planned_groups(a, tmp_path) == dict.fromkeys(sr.ARMS, 32)  # 16 trained x 2
-    assert len(a.domains) >= 10 and a.eval_n == 64
-    arms = dict(sr.ARMS, cheap=[*sr.BUDGET, "scheduler.oversample=1.5"])
-    monkeypatch.setattr(sr, "ARMS", arms)
-    with pytest.raises(ValueError, match="different groups per step"):
-        sr.planned_groups(a, tmp_path)
+def test_seeds_fixed_apart_and_every_competing_arm_plans_the_same_groups(tmp_path) -> None:
+    assert len(sr.REPORT_SEEDS) >= 6 and len(sr.ABLATION_SEEDS) >= 3
+    assert not set(sr.REPORT_SEEDS) & set(sr.DEV_SEEDS)
+    a = sr.parse(["--run-dir", str(tmp_path)])
+    arms = {**sr.CORE, **sr.ABLATIONS, **sr.ORACLE_CANDIDATES, **sr.ADAPTIVE_VARIANTS}
+    planned = sr.planned_groups(arms, a)
+    assert planned.pop(sr.PROBE) == 4 * sr.PROMPTS  # the probe: 4x, reported, not competing
+    assert set(planned.values()) == {2 * sr.PROMPTS}
+    assert len(a.domains) == 8 and a.eval_n >= 128
 
 
-def write_run(run: Path) -> None:
-    rows = [
-        {"step": 0, "eval/d/a/accuracy": 0.2, "eval/d/b/accuracy": 0.5},
-        {"step": 0, "rollout/samples": 32},
-        {"step": 1, "rollout/samples": 32},
-        {"step": 1, "eval/d/a/accuracy": 0.6, "eval/d/b/accuracy": 0.7},
-        {"step": 2, "eval/d/a/accuracy": 0.59, "eval/d/b/accuracy": 0.4},
-    ]
+def write_run(run: Path, trained: list[int]) -> None:
+    d = ["x/a", "x/b"]
+    sweep = lambda s, v: (
+        {"step": s}
+        | {  # noqa: E731
+            f"eval/{k}/{m}": x
+            for k, base in zip(d, v, strict=True)
+            for m, x in (("accuracy", base), ("stderr", 0.01), ("distinct", 128.0))
+        }
+    )
+    rows = [sweep(0, (0.2, 0.5))]
+    for s, n in enumerate(trained):
+        rows.append(
+            {
+                "step": s,
+                "rollout/groups_generated": 4,
+                "rollout/groups_trained": n,
+                "rollout/groups_trained_with_signal": 1,
+                "sched/x/a/weight": 0.25,
+                "sched/x/b/weight": 0.75,
+            }
+        )
+    rows.append(sweep(len(trained), (0.6, 0.4)))
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "summary.json").write_text(json.dumps({"wall_s": 12.5}))
     (run / "events.jsonl").write_text(
-        json.dumps({"step": 2, "event": "regression", "domain": "d/b"})
+        json.dumps({"step": 2, "event": "regression", "domain": "x/b"})
     )
 
 
-def test_score_run_reads_the_runs_own_curves(tmp_path) -> None:
-    write_run(tmp_path / "r")
-    s = sr.score_run(tmp_path / "r", group_size=4)
-    assert s["final"] == {"d/a": 0.59, "d/b": 0.4} and s["start"] == {"d/a": 0.2, "d/b": 0.5}
-    assert s["mean_acc"] == pytest.approx(0.495) and s["worst_acc"] == 0.4
-    assert s["regressions"] == 1 and s["regressed"] == ["d/b"]  # a: 1 point below its best
-    assert s["rollouts_per_step"] == 8.0 and s["wall_s"] == 12.5
-    assert [e["domain"] for e in s["seesaw_events"]] == ["d/b"]
-
-
-def test_smoke_run_of_every_arm(tmp_path) -> None:
-    """Real training (2 steps) of every arm of both experiments; nothing tracked is written."""
-    out, runs = tmp_path / "s.json", tmp_path / "runs"
-    args = ["--smoke", "--out", str(out), "--run-dir", str(runs), "--wandb", "disabled"]
-    assert sr.main(args) == 0
-    doc = json.loads(out.read_text())
-    # dev seeds only, never written where report seeds go
-    assert sorted(doc) == ["dev", "temperature"] and list(doc["temperature"]) == ["dev"]
-    temp = doc["temperature"]["dev"]
-    assert temp["domains"] == sr.TEMPERATURE_DOMAINS and set(temp["results"]) == set(
-        sr.TEMPERATURE_ARMS
-    )
-    assert set(temp["generated_groups_per_step"].values()) == {4}
-    for r in (r for runs in temp["results"].values() for r in runs.values()):
-        assert sorted(r["mixed_share"]) == sorted(sr.TEMPERATURE_DOMAINS)
-        assert sorted(r["mean_temperature"]) == sorted(sr.TEMPERATURE_DOMAINS)
-    assert (tmp_path / "s_temperature.png").is_file()
-    dev = doc["dev"]
-    assert dev["seed_values"] == list(sr.DEV_SEEDS)
-    assert set(dev["generated_groups_per_step"].values()) == {4}
-    for arm in sr.ARMS:
-        (r,) = dev["results"][arm].values()
-        assert r["rollouts_per_step"] == 4.0
-        assert 0.0 <= r["worst_acc"] <= r["mean_acc"] <= 1.0 and r["wall_s"] > 0
-        assert sorted(r["final"]) == sorted(dev["domains"])
-        run = Path(r["run_dir"])
-        assert (run / "radar.png").is_file() and (run / "eval_curves.png").is_file()
-    assert (tmp_path / "s_radar.png").is_file() and (tmp_path / "s_curves.png").is_file()
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "benchmarks"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert "scheduler_real" not in status.stdout.replace("scheduler_real.py", "")
-
-
-def test_temperature_arms_differ_only_in_temperature_and_share_the_budget(tmp_path) -> None:
-    a = sr.parse(["--run-dir", str(tmp_path)])
-    arms, e = sr.settings("temperature", a)
-    assert e.domains == sr.TEMPERATURE_DOMAINS and e.eval_n == 128
-    assert len(set(sr.planned_groups(e, tmp_path, arms).values())) == 1
-    fixed, adapt = arms.values()
-    extra = [o for o in adapt if o not in fixed]
-    assert extra and all(o.startswith("scheduler.temperature") for o in extra)
-    assert set(fixed) <= set(adapt)
-
-
-def test_seesaw_picture_prefers_the_constructed_pair_and_draws_nothing_without_events(
-    tmp_path,
-) -> None:
-    def run(name: str, events: list[dict]) -> dict:
-        d = tmp_path / name
-        d.mkdir()
-        rows = [
-            {"step": s, "eval/tiny/x/accuracy": 0.3}
-            | {f"eval/{dom}/accuracy": 0.5 - 0.1 * (s == 1) for dom in sr.PAIR}
-            for s in range(3)
-        ]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-        return {"run_dir": str(d), "seesaw_events": events}
-
-    ev = [
-        {"step": 1, "event": "regression", "domain": "tiny/x"},
-        {"step": 1, "event": "regression", "domain": "tinymix/add_last_digit"},
-    ]
-    results = {
-        "adaptive": {"11": run("a11", ev[:1]), "12": run("a12", ev)},
-        "adaptive, no seesaw guard": {"11": run("n11", []), "12": run("n12", [])},
+def test_extract_reads_the_runs_own_metrics_and_the_budget_is_checked(tmp_path) -> None:
+    write_run(tmp_path / "ok", [2, 2])
+    ex = sr.extract(tmp_path / "ok", ["x/a", "x/b"])
+    assert [s["step"] for s in ex["sweeps"]] == [0, 2]
+    assert ex["sweeps"][1]["domains"]["x/a"] == {
+        "primary": 0.6,
+        "primary_se": 0.01,
+        "greedy": math.nan,
+        "greedy_se": math.nan,
+        "distinct": 128.0,
+        "share": 0.25,
     }
-    (png,) = sr.draw_seesaw(results, tmp_path / "s.png")
-    assert png.stat().st_size > 10_000  # seed 12: the pair's domain, with its counterfactual
-    assert sr.draw_seesaw({"adaptive": {"11": run("q", [])}}, tmp_path / "t.png") == []
-    assert not (tmp_path / "t.png").exists()
+    assert ex["groups_generated"] == [4, 4] and ex["groups_trained"] == [2, 2]
+    assert ex["share"] == {"x/a": 0.25, "x/b": 0.75} and len(ex["events"]) == 1
+    sr.check_budget("ok", ex, 4, 2)
+    write_run(tmp_path / "short", [2, 1])  # one step trained fewer groups
+    with pytest.raises(RuntimeError, match=r"trained \[1, 2\] groups per step, expected 4 / 2"):
+        sr.check_budget("short", sr.extract(tmp_path / "short", ["x/a", "x/b"]), 4, 2)
 
 
-def test_parse_smoke_is_small() -> None:
-    a: argparse.Namespace = sr.parse(["--smoke"])
-    assert (a.seeds, a.steps, a.prompts) == ("dev", 2, 2) and len(a.domains) == 3
+def fake_run(final: float, seed: int, events: int = 0, dip: float = 0.0) -> dict:
+    """An extract with two domains and three sweeps; the final mean is ``final``."""
+    doms = ("x/a", "x/b")
+    sw = [
+        {d: 0.30 for d in doms},
+        {d: 0.30 + 0.01 * (seed % 3) - dip for d in doms},
+        {d: final for d in doms},
+    ]
+    return {
+        "sweeps": [
+            {
+                "step": 10 * k,
+                "domains": {
+                    d: {"primary": v[d], "primary_se": 0.02, "greedy": v[d], "greedy_se": 0.02}
+                    for d in doms
+                },  # fmt: skip
+            }
+            for k, v in enumerate(sw)
+        ],
+        "groups_generated": [16] * 3,
+        "groups_trained": [8] * 3,
+        "events": [{"event": "regression", "domain": "x/a", "step": 10}] * events,
+    }
 
 
-def test_pair_study_smoke(tmp_path) -> None:
-    """benchmarks/scheduler_pair.py: 2 real steps of each arm; the one-sided arms train only
-    their domain (the partner's share is 0) and both domains are evaluated; redraw re-reads."""
-    import scheduler_pair as sp
+def test_statistics_headroom_win_regressions_and_recompute(tmp_path) -> None:
+    seeds = range(21, 27)
+    base = {s: 0.40 + 0.001 * (s - 21) for s in seeds}
+    runs = {
+        st.BASELINE: {str(s): fake_run(base[s], s, events=s % 2) for s in seeds},
+        st.ORACLE: {str(s): fake_run(base[s] + 0.05 + 0.002 * (s - 21), s) for s in seeds},
+        st.ADAPTIVE: {str(s): fake_run(base[s] + 0.03, s) for s in seeds},
+    }
+    sec = {"runs": runs, "contrasts": {"a - o": [st.ADAPTIVE, st.ORACLE]}}
+    out = st.compute(sec)
+    o = out["vs_baseline"][st.ORACLE]["primary"]
+    assert o["n"] == 6 and o["positive"] == 6 and o["mean"] == pytest.approx(0.055)
+    assert o["se"] == pytest.approx(0.002 * (3.5**0.5) / 6**0.5)  # SD of 0, 0.002, ... 0.010
+    assert o["ci95"][0] == pytest.approx(0.055 - 2.5706 * o["se"], abs=1e-6)
+    assert out["headroom"] is True and out["budget"]["equal"] is True
+    ad = out["vs_baseline"][st.ADAPTIVE]["primary"]
+    assert ad["mean"] == pytest.approx(0.03) and ad["se"] == pytest.approx(0.0, abs=1e-9)
+    assert out["win"] is True  # lower bound 0.03 > 0 and 0.03 >= half of the oracle's 0.055
+    assert out["share_of_oracle_gain"] == pytest.approx(0.03 / 0.055)
+    assert out["arms"][st.BASELINE]["guard_events_mean"] == pytest.approx(0.5)
+    assert out["contrasts"]["a - o"]["mean"] == pytest.approx(-0.025)
+    sec["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.02, s) for s in seeds}
+    assert st.compute(sec)["win"] is False  # 0.02 < 0.0275
+    sec["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.03, s) for s in seeds}
+    # the run's SE: sqrt(0.02^2 + 0.02^2) / 2 domains
+    assert out["arms"][st.BASELINE]["per_seed"]["21"]["primary_se"] == pytest.approx(0.02 / 2**0.5)
+    doc = {"sections": {"report": {**sec, "stats": json.loads(json.dumps(out))}}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    assert st.main([str(path)]) == 0
+    doc["sections"]["report"]["runs"][st.ADAPTIVE]["22"]["sweeps"][-1]["domains"]["x/a"][
+        "primary"
+    ] += 0.01  # the extract no longer matches the stored statistics
+    path.write_text(json.dumps(doc))
+    assert st.main([str(path)]) == 1
 
-    out, png, runs = tmp_path / "p.json", tmp_path / "p.png", tmp_path / "runs"
-    args = ["--steps", "2", "--eval-every", "1", "--eval-n", "4", "--wandb", "disabled"]
-    args += ["--out", str(out), "--png", str(png), "--run-dir", str(runs)]
-    assert sp.main(args) == 0
-    doc = json.loads(out.read_text())
-    assert set(doc["results"]) == set(sp.ARMS) and png.stat().st_size > 10_000
-    for r in doc["results"].values():
-        assert sorted(r["final"]) == sorted(sp.PAIR)
-    rows = [json.loads(x) for x in (runs / "train_add_only-s1" / "metrics.jsonl").open()]
-    assert {r["sched/tinymix/add_last_digit/weight"] for r in rows if "loss/total" in r} == {0.0}
-    assert sp.main([*args, "--redraw"]) == 0
+
+def test_budget_is_checked_over_the_competing_arms_and_the_probe_apart() -> None:
+    runs = {st.BASELINE: {"21": fake_run(0.4, 21)}, st.ORACLE: {"21": fake_run(0.4, 21)}}
+    runs[st.PROBE] = {"21": {**fake_run(0.4, 21), "groups_generated": [32] * 3}}
+    b = st.budget_check(runs)
+    assert (b["generated"], b["trained"], b["equal"]) == ([16], [8], True)
+    assert b["arms"][st.PROBE] == {"generated": [32], "trained": [8]}
+    runs[st.ORACLE]["22"] = {**fake_run(0.4, 22), "groups_trained": [8, 7, 8]}
+    b = st.budget_check(runs)
+    assert (b["trained"], b["equal"]) == ([7, 8], False)
+
+
+def test_regression_threshold_is_twice_the_baselines_robust_sweep_noise() -> None:
+    runs = [fake_run(0.30, s) for s in (21, 22, 23)]  # changes: 0, +0.01, +0.02 then back
+    ch = sorted(c for r in runs for c in st.sweep_changes(r))
+    assert ch[:2] == pytest.approx([-0.02, -0.02]) and ch[-2:] == pytest.approx([0.02, 0.02])
+    tau = st.regression_threshold(runs)
+    assert tau == pytest.approx(2 * 1.4826 * 0.01)
+    assert st.regressions(fake_run(0.25, 24), tau) == ["x/a", "x/b"]  # 0.05 below the start
+    assert st.regressions(fake_run(0.29, 24), tau) == []
+
+
+def test_t_quantiles_match_the_tables() -> None:
+    assert st.t_quantile(0.975, 5) == pytest.approx(2.5706, abs=1e-4)
+    assert st.t_quantile(0.95, 5) == pytest.approx(2.0150, abs=1e-4)
+    assert st.t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-4)
+    with pytest.raises(ValueError, match="df >= 1"):
+        st.t_quantile(0.95, 0)
+
+
+def pair_run(b: list[float], a: list[float], flag_at: int | None = None) -> dict:
+    steps = [5 * k for k in range(len(b))]
+    return {
+        "sweeps": [
+            {
+                "step": s,
+                "domains": {
+                    "A": {"primary": x, "primary_se": 0.01},
+                    "B": {"primary": y, "primary_se": 0.01},
+                },
+            }
+            for s, x, y in zip(steps, a, b, strict=True)
+        ],
+        "events": []
+        if flag_at is None
+        else [{"event": "regression", "domain": "B", "step": steps[flag_at]}],
+    }
+
+
+def test_seesaw_statistics_validity_onset_catch_and_return() -> None:
+    roles = {"a_only": "A only", "guard": "g", "no_guard": "n"}
+    runs = {
+        "A only": {"1": pair_run([0.3, 0.25, 0.2], [0.5, 0.6, 0.7])},
+        "g": {"1": pair_run([0.3, 0.29, 0.2, 0.22, 0.29], [0.5] * 5, flag_at=3)},
+        "n": {"1": pair_run([0.3, 0.29, 0.2, 0.15, 0.12], [0.5] * 5)},
+    }
+    out = st.compute({"kind": "seesaw", "pair": ["A", "B"], "roles": roles, "runs": runs})
+    v = out["validity"]["1"]
+    assert v["valid"] and v["a"]["diff"] == pytest.approx(0.2) and v["b"]["z"] < -3
+    assert (v["onset"], v["flag"]) == (1, None)  # 0.05 > 2 * sqrt(2) * 0.01; no guard event
+    row = out["per_seed"]["1"]
+    # onset: 0.3 - 0.2 = 0.1 > 2 * sqrt(2) * 0.01 at sweep 2; flagged at sweep 3; back at 4
+    assert row == {
+        "onset": 2,
+        "flag": 3,
+        "caught": True,
+        "back_guard": 4,
+        "onset_no_guard": 2,
+        "back_no_guard": None,
+    }
+    assert (out["caught"], out["back_sooner"], out["valid_all_seeds"]) == (1, 1, True)
+
+
+def test_committed_json_agrees_with_its_extract() -> None:
+    """The statistics in benchmarks/scheduler_real.json recompute from its per-run extract."""
+    path = ROOT / "benchmarks" / "scheduler_real.json"
+    doc = json.loads(path.read_text())
+    assert "report" in doc["sections"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scheduler_stats.py"), str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "report: agrees" in proc.stdout
+
+
+def test_quick_mode_trains_every_core_arm_and_the_pair(tmp_path) -> None:
+    """--quick: real training (3 steps) of the core arms and of the seesaw pair, each run
+    checked to generate and train the planned groups at every step; nothing tracked written."""
+    out, runs = tmp_path / "q.json", tmp_path / "runs"
+    args = ["--quick", "--out", str(out), "--run-dir", str(runs), "--wandb", "disabled"]
+    git = ["git", "status", "--porcelain"]
+    before = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert sr.main([*args, "--part", "core"]) == 0
+    assert sr.main([*args, "--part", "seesaw"]) == 0
+    doc = json.loads(out.read_text())["sections"]
+    core = doc["quick-report"]
+    assert set(core["runs"]) == set(sr.CORE)
+    for arm in core["runs"].values():
+        (r,) = arm.values()
+        assert r["groups_generated"] == [4] * 3 and r["groups_trained"] == [2] * 3
+        assert [s["step"] for s in r["sweeps"]] == [0, 1, 3]
+        assert all(v["distinct"] == 4 for v in r["sweeps"][-1]["domains"].values())
+    budget = core["stats"]["budget"]
+    assert (budget["generated"], budget["trained"], budget["equal"]) == ([4], [2], True)
+    pair = doc["quick-seesaw"]
+    assert set(pair["runs"]) == set(pair["roles"].values()) and "validity" in pair["stats"]
+    assert (tmp_path / "q_seesaw.png").stat().st_size > 10_000
+    after = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert after == before

@@ -37,6 +37,8 @@ class SchedulerConfig:
     target_high: float = 0.8  # upper edge of the informative pass-rate band
     target_min_score: float = 0.05  # score of a domain at pass rate 0 or 1 (relative to in-band)
     confidence_z: float = 1.0  # standard errors used for optimistic/lower bounds on pass rates
+    # --- learnability policy -----------------------------------------------------------------
+    learn_ucb: float = 0.05  # UCB bonus coefficient (units of mean |advantage| per group)
     # --- temperature -------------------------------------------------------------------------
     temperature: float = 1.0  # sampling temperature a domain starts at
     temperature_end: float = 1.0  # temperature after temperature_anneal_groups groups
@@ -58,13 +60,20 @@ class SchedulerConfig:
     # --- zero-variance filter ------------------------------------------------------------------
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal and refill
     oversample: float = 1.0  # generated / trained groups when filtering (extras refill drops)
+    fill_batch: bool = False  # refill short: also train the zero-variance groups that fill the
+    # batch (advantage 0, they only count in the loss normaliser) so every step trains exactly
+    # rl.prompts_per_step groups; false: train only the groups with signal
     # --- seesaw guard --------------------------------------------------------------------------
-    seesaw: bool = False  # flag domains that fall below their best eval and boost them
-    seesaw_min_drop: float = 0.02  # smallest drop from the best eval score that counts (score)
-    seesaw_alpha: float = 0.05  # one-sided bootstrap significance of a regression
+    seesaw: bool = False  # boost domains the guard flags (the guard itself always runs)
+    seesaw_min_drop: float = 0.02  # smallest drop below the robust best that counts (score)
+    seesaw_alpha: float = 0.05  # one-sided bootstrap significance of a drop (over prompts)
     seesaw_bootstrap: int = 200  # bootstrap resamples per domain per eval sweep
+    seesaw_window: int = 3  # sweeps whose per-prompt median forms the robust best
+    seesaw_consecutive: int = 2  # drop sweeps in a row that flag a regression
+    seesaw_common: bool = True  # discount the median drop of the other domains (a shared dip)
     seesaw_boost: float = 3.0  # weight multiplier of a flagged domain until it recovers
-    seesaw_temperature_scale: float = 1.0  # temperature multiplier of a flagged domain
+    seesaw_temperature_scale: float = 1.0  # refill temperature multiplier of a flagged domain
+    # (>= 1: heats only)
     lag_boost: float = 0.0  # score x exp(lag_boost * (median eval - eval)) below the median; 0 off
 
     def validate(self) -> None:
@@ -122,8 +131,11 @@ class SchedulerConfig:
             )
         if self.temperature_adapt != "none" and self.temperature_target <= 0:
             raise ValueError("scheduler.temperature_target must be > 0 when adapting temperature")
-        if self.seesaw_temperature_scale <= 0:
-            raise ValueError("scheduler.seesaw_temperature_scale must be > 0")
+        if self.seesaw_temperature_scale < 1:
+            raise ValueError(
+                f"scheduler.seesaw_temperature_scale={self.seesaw_temperature_scale} must be >= 1 "
+                "(the refill temperature never goes below the base)"
+            )
 
     def _validate_ranges(self) -> None:
         unit = {
@@ -162,6 +174,11 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.seesaw_boost={self.seesaw_boost} must be >= 1")
         if self.lag_boost < 0:
             raise ValueError(f"scheduler.lag_boost={self.lag_boost} must be >= 0")
+        for key in ("seesaw_window", "seesaw_consecutive"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"scheduler.{key}={getattr(self, key)} must be >= 1")
+        if self.learn_ucb < 0:
+            raise ValueError(f"scheduler.learn_ucb={self.learn_ucb} must be >= 0")
         if self.seesaw_bootstrap < 10:
             raise ValueError(f"scheduler.seesaw_bootstrap={self.seesaw_bootstrap} must be >= 10")
         if self.prior_strength <= 0:

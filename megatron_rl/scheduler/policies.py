@@ -23,6 +23,15 @@ Policies (one registry, :data:`POLICIES`):
   target_high]``, where GRPO groups most often have reward variance. The score is 1 in the band
   and falls linearly to ``target_min_score`` at pass rate 0 or 1, evaluated at the point of the
   domain's confidence interval closest to the band (optimism for domains with few samples).
+* ``learnability``: the expected |advantage| a group of the domain yields, plus a UCB bonus:
+  score = EMA of ``mean |reward - group mean|`` over the domain's base-temperature groups
+  (``2 p (1 - p)`` per group for 0/1 rewards) ``+ learn_ucb * sqrt(log(1 + N) / (1 + n_i))``,
+  with ``N`` all and ``n_i`` the domain's base-temperature groups so far; shares are
+  proportional to the score. After DUMP (arXiv 2504.09710: UCB over distributions on the
+  expected absolute advantage) and learnability sampling (arXiv 2502.12272: sample by
+  ``p (1 - p)``). Deviations: shares proportional to the score (DUMP samples by a softmax of
+  it), and the signal is an exponential moving average per group (``ema_decay``) instead of a
+  sliding window, like every statistic here.
 """
 
 from __future__ import annotations
@@ -88,11 +97,22 @@ class TargetDifficultyPolicy(MixPolicy):
         return cfg.target_min_score + (1.0 - cfg.target_min_score) * ramp
 
 
+class LearnabilityPolicy(MixPolicy):
+    def scores(self, stats: DomainStats) -> np.ndarray:
+        learn = stats.learnability()
+        n = stats.measured_seen.astype(float)
+        bonus = self.cfg.learn_ucb * np.sqrt(np.log1p(n.sum()) / (1.0 + n))
+        # Never-measured domains: the largest measured signal (optimism), like learning_progress.
+        top = np.nanmax(learn) if (~np.isnan(learn)).any() else 1.0
+        return np.where(np.isnan(learn), top, learn) + bonus + 1e-6
+
+
 POLICIES: dict[str, type[MixPolicy]] = {
     "uniform": UniformPolicy,
     "static": StaticPolicy,
     "learning_progress": LearningProgressPolicy,
     "target_difficulty": TargetDifficultyPolicy,
+    "learnability": LearnabilityPolicy,
 }
 
 

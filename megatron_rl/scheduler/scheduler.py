@@ -40,7 +40,7 @@ from megatron_rl.scheduler.stats import DomainStats
 from megatron_rl.scheduler.temperature import TemperatureController
 from megatron_rl.scheduler.types import DomainInfo, GroupResult, GroupSpec
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: robust seesaw reference, learnability sums
 
 
 def check_domains(cfg: SchedulerConfig, domains: list[DomainInfo]) -> None:
@@ -115,25 +115,34 @@ class DomainScheduler:
         return np.exp(self.cfg.lag_boost * lag)
 
     def temperatures(self) -> np.ndarray:
+        """[D] refill temperatures (base x controller heat x seesaw scale; >= base)."""
         flagged = self.guard.flagged if self.cfg.seesaw else np.zeros(len(self.names), bool)
         return self.temps.temperatures(self.stats.groups_seen, flagged)
 
     def plan(self, step: int, num_groups: int) -> list[GroupSpec]:
-        """``num_groups`` primary groups (shuffled), then the over-sampled refill groups."""
+        """``num_groups`` primary groups (shuffled, at each domain's base temperature), then the
+        over-sampled refill groups (at the refill temperature, ``heated`` when above base)."""
         if num_groups <= 0:
             raise ValueError(f"num_groups must be > 0, got {num_groups}")
         weights = self.mix()
-        temps = self.temperatures()
+        base = self.temps.base(self.stats.groups_seen)
+        hot = self.temperatures()
         extra = 0  # refill groups exist only for the zero-variance filter
         if self.cfg.filter_zero_variance:
             extra = math.ceil(num_groups * self.cfg.oversample) - num_groups
         specs: list[GroupSpec] = []
-        for count in (num_groups, extra):
+        for count, temps in ((num_groups, base), (extra, hot)):
             counts = allocate(weights, count, self.rng)
             idx = np.repeat(np.arange(len(self.names)), counts)
             self.rng.shuffle(idx)
             specs += [
-                GroupSpec(self.names[i], self.curriculum.level(i), float(temps[i])) for i in idx
+                GroupSpec(
+                    self.names[i],
+                    self.curriculum.level(i),
+                    float(temps[i]),
+                    bool(temps[i] > base[i] * (1 + 1e-9)),
+                )
+                for i in idx
             ]
         return specs
 
@@ -170,9 +179,15 @@ class DomainScheduler:
         self._record_drops(results, set(kept))
         return sorted(kept)
 
-    def observe_eval(self, step: int, scores: dict[str, list[float]]) -> list[dict[str, Any]]:
-        """Fold in an eval sweep (per-domain per-task scores); returns seesaw events."""
-        return self._record(step, self.guard.observe(scores, self.rng))
+    def observe_eval(
+        self,
+        step: int,
+        scores: dict[str, list[float]],
+        ids: dict[str, list[str]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Fold in an eval sweep (per-domain per-prompt scores; ``ids``: the prompt id of each
+        score, so that repeats of a prompt count once); returns seesaw events."""
+        return self._record(step, self.guard.observe(scores, self.rng, ids))
 
     # --- observability -------------------------------------------------------------------------
     def _record(self, step: int, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,10 +215,12 @@ class DomainScheduler:
     def metrics(self) -> dict[str, float]:
         """Flat W&B dict: ``sched/<domain>/<stat>`` plus ``sched/<stat>`` totals.
 
-        Per domain: weight (share of the next batch), temperature, level, pass_rate (posterior
-        mean), reward_mean, reward_var, zero_var_frac, drop_rate (zero-variance groups filtered /
-        generated), response_len (tokens), trunc_rate, entropy (nats/token), eval (last sweep
-        mean), flagged (1 while the seesaw guard holds a regression).
+        Per domain: weight (share of the next batch), temperature (of refill groups),
+        base_temperature (of mix groups), level, pass_rate (posterior mean), learnability (mean
+        |advantage| per base-temperature group), reward_mean, reward_var, zero_var_frac,
+        drop_rate (zero-variance groups filtered / generated), response_len (tokens),
+        trunc_rate, entropy (nats/token), eval (last sweep mean), flagged (1 while the seesaw
+        guard holds a regression).
         """
         pass_rate, _ = self.stats.pass_rate()
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -211,8 +228,10 @@ class DomainScheduler:
         per_domain = {
             "weight": self.weights,
             "temperature": self.temperatures(),
+            "base_temperature": self.temps.base(self.stats.groups_seen),
             "level": self.curriculum.current_levels(),
             "pass_rate": pass_rate,
+            "learnability": self.stats.learnability(),
             "reward_mean": self.stats.ratio("rew", "n"),
             "reward_var": self.stats.reward_var(),
             "zero_var_frac": self.stats.ratio("zero_var", "groups"),

@@ -112,6 +112,7 @@ class DomainSim:
                 lens[k].tolist(),
                 [bool(x) for x in lens[k] >= 399],
                 float(entropy[k]),
+                heated=s.heated,
             )
             for k, s in enumerate(specs)
         ]

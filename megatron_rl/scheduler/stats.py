@@ -10,6 +10,12 @@ being judged 0/3 or 3/3.
 
 Level-local counts (``lvl_n``, ``lvl_pass``) only take results at the domain's current
 difficulty level and are reset by the curriculum when the level changes.
+
+Measured at a known temperature: what the mix policies and the curriculum steer by (the
+level-local pass rate and the learnability ``learn`` / ``learn_groups``) only takes groups sampled
+at the domain's *base* temperature. Groups the temperature controller heated (``heated``) count
+in their own sums (``hot_*``), which only the controller reads; otherwise heating a saturated
+domain would raise its measured learnability and so its share of the mix.
 """
 
 from __future__ import annotations
@@ -31,8 +37,12 @@ SUMS = (
     "trunc",  # truncated samples
     "ent",  # sum of group entropies (nats/token)
     "ent_n",  # groups that reported an entropy
-    "lvl_n",  # samples at the current level
-    "lvl_pass",  # passes at the current level
+    "lvl_n",  # samples at the current level (base temperature)
+    "lvl_pass",  # passes at the current level (base temperature)
+    "learn",  # sum over base-temperature groups of mean |reward - group mean|
+    "learn_groups",  # groups sampled at the base temperature
+    "hot_groups",  # groups sampled above the base temperature (heated refills)
+    "hot_zero_var",  # heated groups with all rewards equal
 )
 
 
@@ -45,6 +55,7 @@ class DomainStats:
         self.fast = np.full(n_domains, np.nan)  # fast EMA of the observed pass rate
         self.slow = np.full(n_domains, np.nan)  # slow EMA of the observed pass rate
         self.groups_seen = np.zeros(n_domains, dtype=np.int64)  # all groups ever observed
+        self.measured_seen = np.zeros(n_domains, dtype=np.int64)  # base-temperature groups ever
 
     def update(
         self, idx: np.ndarray, results: list[GroupResult], at_level: np.ndarray, rates: tuple
@@ -56,20 +67,26 @@ class DomainStats:
         d = len(self.groups_seen)
         n = np.array([len(r.rewards) for r in results], dtype=float)
         passes = np.array([sum(x >= self.threshold for x in r.rewards) for r in results], float)
-        here = np.asarray(at_level, dtype=float)
+        hot = np.array([r.heated for r in results], dtype=float)
+        here = np.asarray(at_level, dtype=float) * (1.0 - hot)
+        zero = np.array([r.zero_variance for r in results], dtype=float)
         per_group = {  # one value per result, [G]
             "n": n,
             "passes": passes,
             "rew": np.array([sum(r.rewards) for r in results], dtype=float),
             "rew_sq": np.array([sum(x * x for x in r.rewards) for r in results], dtype=float),
             "groups": np.ones(len(results)),
-            "zero_var": np.array([r.zero_variance for r in results], dtype=float),
+            "zero_var": zero,
             "length": np.array([sum(r.response_lens) for r in results], dtype=float),
             "trunc": np.array([sum(r.truncated) for r in results], dtype=float),
             "ent": np.array([r.entropy or 0.0 for r in results], dtype=float),
             "ent_n": np.array([r.entropy is not None for r in results], dtype=float),
             "lvl_n": n * here,
             "lvl_pass": passes * here,
+            "learn": np.array([r.abs_advantage for r in results], dtype=float) * (1.0 - hot),
+            "learn_groups": 1.0 - hot,
+            "hot_groups": hot,
+            "hot_zero_var": zero * hot,
         }
         batch = {k: np.bincount(idx, weights=v, minlength=d) for k, v in per_group.items()}
         seen = batch["groups"] > 0
@@ -78,6 +95,7 @@ class DomainStats:
             self.sums[key][seen] = factor * self.sums[key][seen] + batch[key][seen]
         self._update_progress(seen, batch, rates)
         self.groups_seen += batch["groups"].astype(np.int64)
+        self.measured_seen += np.rint(batch["learn_groups"]).astype(np.int64)
         return seen
 
     def _update_progress(self, seen: np.ndarray, batch: dict, rates: tuple) -> None:
@@ -116,6 +134,17 @@ class DomainStats:
         mean = self.ratio("rew", "n")
         return np.maximum(self.ratio("rew_sq", "n") - mean**2, 0.0)
 
+    def learnability(self) -> np.ndarray:
+        """Mean |advantage| per base-temperature group (NaN where none was measured)."""
+        return self.ratio("learn", "learn_groups")
+
+    def diversity(self, heated: np.ndarray) -> np.ndarray:
+        """Share of groups with reward variance: of the heated groups where ``heated`` [D] and
+        some were seen, else of all groups (NaN where nothing was observed)."""
+        hot = 1.0 - self.ratio("hot_zero_var", "hot_groups")
+        base = 1.0 - self.ratio("zero_var", "groups")
+        return np.where(heated & (self.sums["hot_groups"] > 0), hot, base)
+
     def progress(self, z: float) -> np.ndarray:
         """|fast - slow| pass-rate EMAs minus ``z`` standard errors of noise (>= 0; NaN unseen)."""
         _, sd = self.level_pass_rate()
@@ -127,6 +156,7 @@ class DomainStats:
             "fast": self.fast.tolist(),
             "slow": self.slow.tolist(),
             "groups_seen": self.groups_seen.tolist(),
+            "measured_seen": self.measured_seen.tolist(),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -134,3 +164,4 @@ class DomainStats:
         self.fast = np.asarray(sd["fast"], dtype=float)
         self.slow = np.asarray(sd["slow"], dtype=float)
         self.groups_seen = np.asarray(sd["groups_seen"], dtype=np.int64)
+        self.measured_seen = np.asarray(sd["measured_seen"], dtype=np.int64)

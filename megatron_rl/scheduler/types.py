@@ -29,6 +29,7 @@ class GroupSpec:
     domain: str
     level: int
     temperature: float
+    heated: bool = False  # a refill group sampled above the domain's base temperature
 
 
 @dataclass
@@ -42,6 +43,20 @@ class GroupResult:
     truncated: list[bool]  # completion hit the length limit
     entropy: float | None = None  # mean token entropy of the group (nats/token), if known
     no_signal: bool | None = None  # advantages all 0 (None: zero_variance decides, as in GRPO)
+    heated: bool = False  # copied from GroupSpec.heated: not sampled at the base temperature
+
+    @property
+    def abs_advantage(self) -> float:
+        """Mean |reward - group mean| over the completions (0 for zero-variance groups).
+
+        For 0/1 rewards with ``k`` passes of ``n`` it is ``2 p (1 - p)`` with ``p = k / n``: the
+        expected |advantage| of a mean-centred (Dr.GRPO) estimator, and the learnability
+        ``p (1 - p)`` of the group's task, up to the factor 2.
+        """
+        if not self.rewards:
+            return 0.0
+        mean = sum(self.rewards) / len(self.rewards)
+        return sum(abs(r - mean) for r in self.rewards) / len(self.rewards)
 
     @property
     def zero_variance(self) -> bool:

@@ -84,7 +84,9 @@ class Controller:
         results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
         kept = self.sched.select(results, cfg.rl.prompts_per_step)
-        if cfg.scheduler.filter_zero_variance:  # refill ran out: train on fewer, not on noise
+        # refill ran out: train on fewer (default), or on the zero-variance fill (``fill_batch``:
+        # advantage 0, so only the loss normaliser sees it; every step trains the same count)
+        if cfg.scheduler.filter_zero_variance and not cfg.scheduler.fill_batch:
             kept = [i for i in kept if not results[i].filterable]
         # 4. advantages (KL to the reference as a reward penalty first, if asked), then the
         # kept groups split over the DP ranks by tokens

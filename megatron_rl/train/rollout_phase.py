@@ -66,6 +66,7 @@ class Group:
             truncated=[s.finish_reason == "length" for s in self.samples],
             entropy=self.entropy(),
             no_signal=all(r == 0 for r in rewards) if advantage == "passthrough" else None,
+            heated=self.spec.heated,
         )
 
     def entropy(self) -> float | None:
@@ -183,6 +184,11 @@ def rollout_metrics(groups: list[Group], kept: list[int]) -> dict[str, float]:
     everything = [s for g in groups for s in g.samples]
     out["rollout/samples"] = len(everything)
     out["rollout/samples_trained"] = sum(len(groups[i].samples) for i in kept)
+    out["rollout/groups_generated"] = len(groups)
+    out["rollout/groups_trained"] = len(kept)
+    out["rollout/groups_trained_with_signal"] = sum(
+        len({s.reward for s in groups[i].samples}) > 1 for i in kept
+    )
     out["rollout/groups_filtered"] = len(groups) - len(kept)
     out["rollout/truncated"] = sum(s.finish_reason == "length" for s in everything)
     out["rollout/unparsable"] = sum(not s.parsable for s in everything)

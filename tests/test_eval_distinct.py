@@ -18,7 +18,12 @@ import pytest
 import torch
 
 from megatron_rl.domains import Domain, Task, split_of
-from megatron_rl.domains.sizes import estimate_space, measure_level, space_lower_bound
+from megatron_rl.domains.sizes import (
+    GeneratorHang,
+    estimate_space,
+    measure_level,
+    space_lower_bound,
+)
 from megatron_rl.train.evaluate import evaluate, paired_difference, stderr_of
 from megatron_rl.train.prompt_sets import build_prompt_set, level_quotas
 
@@ -192,3 +197,18 @@ def test_curves_skip_per_level_accuracies() -> None:
     assert _is_eval_key("eval/tiny/count_bits/accuracy")
     assert not _is_eval_key("eval/tiny/count_bits/level2/accuracy")
     assert not _is_eval_key("eval_train/tiny/count_bits/accuracy")
+
+
+class LoopingDomain(SumDomain):
+    """Loops forever on some draws, as reasoning-gym's arc_1d does at level 3."""
+
+    def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
+        if rng.random() < 0.2:
+            while True:
+                rng.random()
+        return super().generate(level, rng)
+
+
+def test_a_generator_that_hangs_is_reported_not_waited_for() -> None:
+    with pytest.raises(GeneratorHang, match="test/sum6 level 0, draw .*: still running"):
+        measure_level(LoopingDomain(), 0, max_draws=100, budget_s=60.0, hang_s=0.3)

@@ -104,11 +104,13 @@ class TinyDomain(Domain):
 
 
 def domains() -> list[Domain]:
-    """Entry point of the ``tiny`` family, and of ``tinymix`` (see :mod:`domains.tiny_mix`).
+    """Entry point of the ``tiny`` family, and of ``tinymix`` (see :mod:`domains.tiny_mix`) and
+    ``tinywide`` (:mod:`domains.tiny_wide`).
 
-    ``tinymix/*`` rides on this entry point rather than its own, so that an existing editable
-    install sees it without re-installing the package.
+    ``tinymix/*`` and ``tinywide/*`` ride on this entry point rather than their own, so that an
+    existing editable install sees them without re-installing the package.
     """
     from domains.tiny_mix import mix_domains
+    from domains.tiny_wide import wide_domains
 
-    return [TinyDomain(g) for g in CONFIGS] + mix_domains()
+    return [TinyDomain(g) for g in CONFIGS] + mix_domains() + wide_domains()

@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model base-model-wide clean gpu-check
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model base-model-wide clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -43,10 +43,28 @@ long-context: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 \
 		-m launch.cli train configs/long_context_cpu.yaml
 
-# The GPU paths in <= 5 min on one GPU: TE vs local spec, MFU at ~350M, SGLang distributed update.
-gpu-check: setup
+# The GPU paths one GPU can check, in <= 5 min, with no set-up step (benchmarks/gpu_check.py):
+# runs from the machine's own python (torch + transformers) plus the wheels `make gpu-wheels`
+# put in gpu_wheels/ (carry that folder along); checks it cannot run are listed as unrun.
+GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+gpu-check:
 	mkdir -p benchmarks/out
-	timeout 300 $(BIN)/python benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
+	timeout 300 $(GPU_PY) benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
+
+# Wheels for a GPU machine without network (Python $(GPU_PYVER), x86_64 and aarch64; ~12 MiB):
+# megatron-core and the pure-Python/abi3 packages the checks need beside torch + transformers.
+GPU_PYVER ?= 3.12
+GPU_WHEELS := megatron-core==0.16.1 psutil aiohttp aiohappyeyeballs aiosignal attrs frozenlist \
+	multidict propcache yarl idna jsonschema jsonschema-specifications referencing rpds-py
+gpu-wheels:
+	mkdir -p gpu_wheels
+	for plat in x86_64 aarch64; do \
+	  $(BIN)/pip download -q --disable-pip-version-check --python-version $(GPU_PYVER) \
+	    --only-binary=:all: --no-deps -d gpu_wheels --platform manylinux2014_$$plat \
+	    --platform manylinux_2_17_$$plat --platform manylinux_2_24_$$plat \
+	    --platform manylinux_2_28_$$plat --platform manylinux_2_34_$$plat $(GPU_WHEELS) || exit 1; \
+	done
+	du -sh gpu_wheels
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

@@ -14,11 +14,26 @@ config sets it up (packed micro-batches, in-process HF engine); TRL as its docs 
 Step time: the mean interval between consecutive step ends (megatron-rl's ``time/step_s``, TRL's
 ``on_step_end``), the first step left out as warm-up; both include generation, scoring, training
 and the previous step's logging. The per-phase split of each tool is printed side by side.
-Held-out accuracy: the same greedy ``evaluate`` call with the same domains, tasks and settings
-(megatron-rl's end-of-run sweep; for TRL, the HF engine on its final weights), compared on the
-domains both report. Differences that cannot be removed are printed under the table.
+Each size runs ``repeats`` times, interleaved (megatron-rl, megatron-rl overlapped, TRL, then
+again): the headline ``step_time_ratio`` is the synchronous one (megatron-rl generates, then
+trains, like TRL), the median over the repeats; ``overlapped.step_time_ratio`` is megatron-rl
+with ``rl.off_policy=true`` (one-step off-policy: step t+1 generated in the engine's own process
+while step t trains) against the same synchronous TRL runs, labelled as such.
+Held-out accuracy: the same greedy sweep (``rl_eval.RLEval``: the same distinct held-out prompts,
+the same ``evaluate`` call; megatron-rl's end-of-run sweep, for TRL the HF engine on its final
+weights), compared on the domains both report. Response tokens (the ones the loss trains on)
+per train-phase second are the throughput both tools share (megatron-rl's packed tokens hold
+each group's prompt once; TRL's rows hold it per sample, padded).
 
-    .venv/bin/python benchmarks/rl_vs_trl.py [--sizes tiny,m20] [--json out.json]
+Time to +10 points (``--gain-steps``, the tiny model): both tools train ``--gain-steps`` steps on
+the same config and seed with a held-out sweep every 10 steps (64 distinct prompts per domain);
+each records the training time (step times, sweeps left out) at which the held-out mean first
+reaches its start + 0.10. A tool that does not get there is "not reached in N steps", and the
+ratio becomes a bound (its whole training time stands in). Differences that cannot be removed
+are printed under the table.
+
+    .venv/bin/python benchmarks/rl_vs_trl.py [--sizes tiny,m20] [--repeats N] [--gain-steps N]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,14 +48,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl_vs_trl_report import print_gain, print_size
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
-SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts per step, eval tasks
-    "tiny": {"model": "models/tiny-base", "steps": 10, "prompts": 8, "eval_n": 32},
-    "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8},
+SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts/step, eval tasks, repeats
+    "tiny": {"model": "models/tiny-base", "steps": 10, "prompts": 8, "eval_n": 32, "repeats": 3},
+    "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8, "repeats": 1},
 }
+GAIN = 0.10  # the time-to-gain target: held-out mean start + 0.10
+GAIN_EVAL_EVERY, GAIN_EVAL_N = 10, 64  # its sweeps: every 10 steps, 64 prompts per domain
 DIFFERENCES = [
     "megatron-rl syncs weights to its rollout engine every step (phase sync); TRL generates "
     "with the model it trains, so it has nothing to sync",
@@ -49,6 +68,11 @@ DIFFERENCES = [
     "megatron-rl packs sequences without padding",
     "megatron-rl applies truncated importance sampling against its engine's log-probs (weight "
     "~1 here: same weights, same numerics); TRL has no separate engine",
+    "megatron-rl packs each group's prompt once (shared-prefix rows); TRL computes it per sample",
+    "the overlapped ratio is one-step off-policy (samples one policy version old, corrected by "
+    "truncated importance sampling) and generates in a second process with its own torch "
+    "thread, so it uses two cores where the synchronous runs of both tools use one; TRL's "
+    "GRPOTrainer here is synchronous",
 ]
 
 
@@ -68,8 +92,10 @@ def overrides(spec: dict[str, Any]) -> list[str]:
         f"rl.prompts_per_step={spec['prompts']}",
         f"rl.group_size={spec['group']}",
         "rl.kl_coef=0.0",
-        "rl.eval_every=0",
+        f"rl.off_policy={str(spec.get('off_policy', False)).lower()}",
+        f"rl.eval_every={spec.get('eval_every', 0)}",
         f"rl.eval_samples_per_domain={spec['eval_n']}",
+        "rl.eval_train_prompts=0",
         f"rollout.max_new_tokens={spec['max_tokens']}",
         "rollout.engine=hf",
         "scheduler.policy=uniform",
@@ -109,7 +135,7 @@ def run_megatron(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_run(run: Path) -> dict[str, Any]:
-    """A megatron-rl run's per-step phases, LRs, tokens and accuracies (metrics + summary)."""
+    """A megatron-rl run's per-step phases, LRs, tokens, accuracies and periodic sweeps."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/step_s" in r]
     summary = json.loads((run / "summary.json").read_text())
@@ -119,14 +145,24 @@ def read_run(run: Path) -> dict[str, Any]:
         for r in rows
     ]
     tokens = sum(r["perf/trained_tokens_per_s"] * r["perf/train_s"] for r in rows)
+    evals, train_s = [], 0.0
+    for i, r in enumerate(rows):  # training time at each sweep, the sweeps left out
+        train_s += r["time/step_s"] - r.get("time/eval_s", 0.0)
+        if "eval/mean_accuracy" in r:
+            evals.append({"step": i + 1, "train_s": train_s, "mean": r["eval/mean_accuracy"]})
+    if summary.get("mean_after") is not None:  # the end-of-run sweep
+        evals.append({"step": len(rows), "train_s": train_s, "mean": summary["mean_after"]})
     return {
         "steps": steps,
         "lrs": [r["train/lr"] for r in rows],
-        "tokens": {"real": tokens, "padded": tokens},
+        "tokens": {"real": tokens, "padded": tokens,
+                   "response": sum(r.get("train/response_tokens", 0.0) for r in rows)},
         "completion_len": [r["rollout/response_len_mean"] for r in rows],
         "accuracy": summary["eval_after"],
         "accuracy_before": summary["eval_before"],
-    }
+        "mean_before": summary.get("mean_before"),
+        "evals": evals,
+    }  # fmt: skip
 
 
 def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
@@ -149,11 +185,13 @@ def summarize(run: dict[str, Any], shared: list[str]) -> dict[str, Any]:
     step_s = sum(s["step"] for s in steps) / n
     step_cpu_s = sum(s.get("step_cpu", 0.0) for s in steps) / n
     per_step_tokens = run["tokens"]["real"] / len(run["steps"])
+    per_step_response = run["tokens"].get("response", 0.0) / len(run["steps"])
     return {
         "step_s": step_s,
         "step_cpu_s": step_cpu_s,
         "phases": phases,
         "trained_tokens_per_s": per_step_tokens / max(phases["train"], 1e-9),
+        "response_tokens_per_s": per_step_response / max(phases["train"], 1e-9),
         "tokens_per_step_s": per_step_tokens / step_s,
         "padded_token_frac": 1 - run["tokens"]["real"] / max(run["tokens"]["padded"], 1e-9),
         "accuracy": sum(run["accuracy"][d] for d in shared) / max(len(shared), 1),
@@ -168,7 +206,8 @@ def compare(mrl: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
         (abs(a - b) / b for a, b in zip(mrl["lrs"], trl["lrs"], strict=False)), default=0.0
     )
     both = lambda key: {"megatron_rl": m[key], "trl": t[key]}  # noqa: E731
-    keys = ("step_s", "step_cpu_s", "trained_tokens_per_s", "tokens_per_step_s")
+    keys = ("step_s", "step_cpu_s", "trained_tokens_per_s", "response_tokens_per_s",
+            "tokens_per_step_s")  # fmt: skip
     return {
         "step_time_ratio": m["step_s"] / t["step_s"],
         "step_cpu_ratio": m["step_cpu_s"] / t["step_cpu_s"] if t["step_cpu_s"] else float("nan"),
@@ -196,45 +235,89 @@ def make_model(name: str, tmp: Path) -> tuple[Path, str]:
     return path, f"random {size} Qwen2 ({count_parameters(path) / 1e6:.1f}M parameters)"
 
 
-def run_size(size: str, a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    base = SIZES[size]
-    model, label = make_model(base["model"], tmp)
+def base_spec(a: argparse.Namespace, model: Path, size: dict[str, Any]) -> dict[str, Any]:
     spec = {k: getattr(a, k) for k in ("group", "max_tokens", "lr", "min_lr", "threads", "seed")}
     spec.update(model=str(model), timeout=a.timeout, level=0)
-    spec.update({k: base[k] for k in ("steps", "prompts", "eval_n")})
+    spec.update({k: size[k] for k in ("steps", "prompts", "eval_n")})
     spec.update({k: getattr(a, k) for k in ("steps", "prompts", "eval_n") if getattr(a, k)})
+    return spec
+
+
+def median_index(values: list[float]) -> int:
+    """Index of the median (the lower middle one for an even count)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return order[(len(values) - 1) // 2]
+
+
+def run_size(size: str, a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """``repeats`` interleaved rounds of (megatron-rl, megatron-rl overlapped, TRL)."""
+    base = SIZES[size]
+    model, label = make_model(base["model"], tmp)
+    spec = base_spec(a, model, base)
     load0 = os.getloadavg()[0]
-    mrl = run_megatron(dict(spec, out=str(tmp / size / "mrl")))
-    trl = run_trl(dict(spec, out=str(tmp / size / "trl")))
-    res = compare(mrl, trl)
+    rounds = []
+    for r in range(a.repeats or base["repeats"]):
+        out = tmp / size / f"r{r}"
+        mrl = run_megatron(dict(spec, out=str(out / "mrl")))
+        over = run_megatron(dict(spec, out=str(out / "mrl_op"), off_policy=True))
+        trl = run_trl(dict(spec, out=str(out / "trl")))
+        rounds.append((compare(mrl, trl), compare(over, trl), mrl, trl))
+    ratios = [c["step_time_ratio"] for c, _, _, _ in rounds]
+    over_ratios = [o["step_time_ratio"] for _, o, _, _ in rounds]
+    res, over, mrl, trl = rounds[median_index(ratios)]
+    res["step_time_ratio_repeats"] = ratios
+    res["overlapped"] = {
+        "label": "megatron-rl one-step off-policy (rl.off_policy=true) / TRL synchronous",
+        "step_time_ratio": over_ratios[median_index(over_ratios)],
+        "step_time_ratio_repeats": over_ratios,
+        "step_s": over["step_s"]["megatron_rl"],
+        "phases": {p: v["megatron_rl"] for p, v in over["phases"].items()},
+        "accuracy": over["accuracy"]["megatron_rl"],
+    }
     res["setup"] = dict(spec, model=label, load_avg_1m=load0, load_avg_1m_end=os.getloadavg()[0])
     res["raw"] = {"megatron_rl": mrl, "trl": trl}
     return res
 
 
-def print_size(size: str, res: dict[str, Any]) -> None:
-    s = res["setup"]
-    print(
-        f"\n[{size}] GRPO {s['steps']} steps x {s['prompts']} prompts x n={s['group']} x <= "
-        f"{s['max_tokens']} tokens, {s['model']}, threads={s['threads']}, "
-        f"load avg {s['load_avg_1m']:.1f} -> {s['load_avg_1m_end']:.1f}"
-    )
-    print(f"{'seconds per step':<26}{'megatron-rl':>12}{'TRL':>12}")
-    for p in PHASES:
-        m, t = res["phases"][p]["megatron_rl"], res["phases"][p]["trl"]
-        print(f"  {p:<24}{m:>12.3f}{t:>12.3f}")
-    for key in ("step_s", "step_cpu_s", "trained_tokens_per_s", "tokens_per_step_s"):
-        m, t = res[key]["megatron_rl"], res[key]["trl"]
-        print(f"{key:<26}{m:>12.3f}{t:>12.3f}")
-    pad = res["padded_token_frac"]["trl"]
-    print(f"{'padded token share':<26}{0.0:>12.3f}{pad:>12.3f}")
-    acc = res["accuracy"]
-    domains = ", ".join(res["shared_domains"])
-    print(f"{'held-out accuracy':<26}{acc['megatron_rl']:>12.3f}{acc['trl']:>12.3f}"
-          f"   (before {res['accuracy_before']:.3f}; domains {domains})")  # fmt: skip
-    print(f"step time ratio megatron-rl / TRL = {res['step_time_ratio']:.3f} "
-          f"(CPU seconds per step: {res['step_cpu_ratio']:.3f}); "
-          f"LR schedules differ by at most {res['lr_max_rel_diff']:.1e} (relative)")  # fmt: skip
+def first_reach(run: dict[str, Any], target: float) -> float | None:
+    """Training seconds at the first sweep whose held-out mean is at least ``target``."""
+    return next((e["train_s"] for e in run["evals"] if e["mean"] >= target - 1e-9), None)
+
+
+def gain_ratio(m: float | None, t: float | None, m_all: float, t_all: float) -> dict[str, Any]:
+    """megatron-rl / TRL time to the target; a bound when one of them did not get there."""
+    if m is not None and t is not None:
+        return {"ratio": m / t, "bound": "="}
+    if m is not None:
+        return {"ratio": m / t_all, "bound": "<="}  # TRL needs more than all its time
+    if t is not None:
+        return {"ratio": m_all / t, "bound": ">="}
+    return {"ratio": None, "bound": "neither reached"}
+
+
+def time_to_gain(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Both tools on the tiny model for ``--gain-steps`` steps, a sweep every 10 steps."""
+    base = SIZES["tiny"]
+    spec = base_spec(a, ROOT / base["model"], base)
+    spec.update(steps=a.gain_steps, eval_n=GAIN_EVAL_N, eval_every=GAIN_EVAL_EVERY)
+    load0 = os.getloadavg()[0]
+    mrl = run_megatron(dict(spec, out=str(tmp / "gain" / "mrl")))
+    trl = run_trl(dict(spec, out=str(tmp / "gain" / "trl")))
+    start = float(mrl["mean_before"])
+    target = start + GAIN
+    out: dict[str, Any] = {"start": start, "target": target, "steps": a.gain_steps,
+                           "load_avg_1m": load0, "load_avg_1m_end": os.getloadavg()[0]}  # fmt: skip
+    totals = {}
+    for name, run in (("megatron_rl", mrl), ("trl", trl)):
+        total = sum(s["step"] - s.get("eval", 0.0) for s in run["steps"])
+        totals[name] = total
+        reached = first_reach(run, target)
+        out[name] = {"seconds": reached, "train_s_total": total, "evals": run["evals"],
+                     "start": run.get("mean_before"),
+                     "reached": reached is not None}  # fmt: skip
+    m, t = out["megatron_rl"]["seconds"], out["trl"]["seconds"]
+    out.update(gain_ratio(m, t, totals["megatron_rl"], totals["trl"]))
+    return out
 
 
 def main() -> None:
@@ -250,6 +333,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each tool")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per tool and size")
+    p.add_argument("--repeats", type=int, default=0, help="interleaved rounds (0: the size's)")
+    p.add_argument("--gain-steps", type=int, default=200,
+                   help="time to +10 points: steps of each tool (0: skip it)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     sizes = [s for s in a.sizes.split(",") if s]
@@ -259,8 +345,12 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         res: dict[str, Any] = {s: run_size(s, a, Path(tmp)) for s in sizes}
+        if a.gain_steps:
+            res["time_to_10"] = time_to_gain(a, Path(tmp))
     for s in sizes:
         print_size(s, res[s])
+    if a.gain_steps:
+        print_gain(res["time_to_10"])
     print("\nDifferences that remain:\n" + "\n".join(f"- {d}" for d in DIFFERENCES))
     res["wall_s"] = time.perf_counter() - t0
     if a.json:

@@ -55,13 +55,41 @@ class Bench:
 
 
 def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
-    """Per size (tiny, m20): step-time ratios, step times, per-phase seconds, accuracy."""
-    keys = ("step_time_ratio", "step_cpu_ratio", "step_s", "trained_tokens_per_s", "accuracy")
-    return {
-        size: {**{k: res[k] for k in keys}, "phases": res["phases"]}
-        for size, res in r.items()
-        if isinstance(res, dict) and "step_time_ratio" in res
-    }
+    """Per size (tiny, m20): synchronous step-time ratio (median of the interleaved repeats)
+    and the overlapped (one-step off-policy) one, step times, phases, tokens/s, accuracy; and
+    the time to +10 held-out points (``time_to_10``, a bound where a tool did not get there)."""
+    keys = ("step_time_ratio", "step_cpu_ratio", "step_s", "trained_tokens_per_s",
+            "response_tokens_per_s", "accuracy", "step_time_ratio_repeats")  # fmt: skip
+    out: dict[str, Any] = {}
+    for size, res in r.items():
+        if not (isinstance(res, dict) and "step_time_ratio" in res):
+            continue
+        out[size] = {**{k: res[k] for k in keys if k in res}, "phases": res["phases"]}
+        if "overlapped" in res:
+            over = res["overlapped"]
+            out[size]["overlapped"] = {k: over[k] for k in ("label", "step_time_ratio", "step_s")}
+    if isinstance(g := r.get("time_to_10"), dict):
+        out["time_to_10"] = {
+            "ratio": g["ratio"],
+            "bound": g["bound"],
+            "text": gain_text(g),
+            "start": g["start"],
+            "steps": g["steps"],
+            **{f"{k}_s": g[k]["seconds"] for k in ("megatron_rl", "trl")},
+        }
+    return out
+
+
+def gain_text(g: dict[str, Any]) -> str:
+    """The time-to-+10-points ratio as the README shows it, bound and reason included."""
+    if g["ratio"] is None:
+        return f"neither tool reached +10 points in {g['steps']} steps"
+    text = f"{g['ratio']:.3g}"
+    if g["bound"] == "<=":
+        return f"<= {text} (TRL not reached in {g['steps']} steps)"
+    if g["bound"] == ">=":
+        return f">= {text} (megatron-rl not reached in {g['steps']} steps)"
+    return text
 
 
 def _rollout(r: dict[str, Any]) -> dict[str, Any]:
@@ -83,10 +111,10 @@ BENCHES: dict[str, Bench] = {
     "rl_vs_trl": Bench(
         "rl_vs_trl.py",
         ["--sizes", "tiny,m20", "--json", "{out}"],
-        3600,
+        5400,
         _rl_vs_trl,
         quick_args=["--sizes", "tiny", "--steps", "2", "--prompts", "4", "--eval-n", "4"]
-        + ["--json", "{out}"],
+        + ["--repeats", "1", "--gain-steps", "0", "--json", "{out}"],
     ),
     "rollout": Bench(
         "rollout_engines.py",
@@ -220,14 +248,31 @@ def _get(results: dict[str, Any], path: str) -> Any:
 
 HEADLINES = [  # (label, key in results.json) for the top-level README's table
     ("RL vs TRL, tiny: step time megatron-rl / TRL", "rl_vs_trl.tiny.step_time_ratio"),
+    (
+        "RL vs TRL, tiny: step time, one-step off-policy megatron-rl / synchronous TRL",
+        "rl_vs_trl.tiny.overlapped.step_time_ratio",
+    ),
+    (
+        "RL vs TRL, tiny: time to +10 held-out points, megatron-rl / TRL",
+        "rl_vs_trl.time_to_10.text",
+    ),
     ("RL vs TRL, tiny: held-out accuracy, megatron-rl", "rl_vs_trl.tiny.accuracy.megatron_rl"),
     ("RL vs TRL, tiny: held-out accuracy, TRL", "rl_vs_trl.tiny.accuracy.trl"),
     ("RL vs TRL, ~20M: step time megatron-rl / TRL", "rl_vs_trl.m20.step_time_ratio"),
+    (
+        "RL vs TRL, ~20M: step time, one-step off-policy megatron-rl / synchronous TRL",
+        "rl_vs_trl.m20.overlapped.step_time_ratio",
+    ),
     (
         "RL vs TRL, ~20M: trained tokens/s, megatron-rl",
         "rl_vs_trl.m20.trained_tokens_per_s.megatron_rl",
     ),
     ("RL vs TRL, ~20M: trained tokens/s, TRL", "rl_vs_trl.m20.trained_tokens_per_s.trl"),
+    (
+        "RL vs TRL, ~20M: response tokens trained/s, megatron-rl",
+        "rl_vs_trl.m20.response_tokens_per_s.megatron_rl",
+    ),
+    ("RL vs TRL, ~20M: response tokens trained/s, TRL", "rl_vs_trl.m20.response_tokens_per_s.trl"),
     ("rollout 100M: hf engine / transformers generate", "rollout.ratio_vs_transformers.100m/hf"),
     ("rollout 100M: vLLM CPU / transformers generate", "rollout.ratio_vs_transformers.100m/vllm"),
     ("training step MFU, tiny model", "train.mfu.tiny"),

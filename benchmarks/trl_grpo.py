@@ -34,7 +34,9 @@ class PhaseClock:
         self.current: dict[str, float] = {}
         self.steps: list[dict[str, float]] = []
         self.lrs: list[float] = []
-        self.tokens = {"real": 0.0, "padded": 0.0}
+        self.tokens = {"real": 0.0, "padded": 0.0, "response": 0.0}
+        self.evals: list[dict[str, float]] = []  # periodic held-out sweeps
+        self.start_mean: float | None = None
         self.last = 0.0
         self.last_cpu = 0.0
 
@@ -60,7 +62,17 @@ class PhaseClock:
         self.steps.append(row)
         self.current, self.last, self.last_cpu = {}, now, cpu
 
-    def callback(self) -> Any:
+    def sweep(self, run: Callable[[], float], step: int) -> None:
+        """A held-out sweep (``run`` returns the mean), left out of the step clock."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        mean = run()
+        self.last += time.perf_counter() - t0
+        self.last_cpu += time.process_time() - c0
+        train_s = sum(row["step"] for row in self.steps)
+        self.evals.append({"step": step, "train_s": train_s, "mean": mean})
+
+    def callback(self, sweep: Callable[[Any], float] | None = None, every: int = 0) -> Any:
+        """Times steps; with ``sweep(model)`` also a sweep at the start and every ``every``."""
         from transformers import TrainerCallback
 
         clock = self
@@ -68,12 +80,18 @@ class PhaseClock:
         class Clock(TrainerCallback):  # type: ignore[misc]
             def on_train_begin(self, *args: Any, **kw: Any) -> None:
                 clock.last, clock.last_cpu = time.perf_counter(), time.process_time()
+                if sweep is not None:
+                    clock.start_mean = sweep(kw["model"])
+                    clock.last, clock.last_cpu = time.perf_counter(), time.process_time()
 
             def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 clock.lrs.append(float(kw["optimizer"].param_groups[0]["lr"]))
 
-            def on_step_end(self, *args: Any, **kw: Any) -> None:
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 clock.step_end()
+                if sweep is not None and every and state.global_step % every == 0:
+                    if state.global_step < args.max_steps:  # the final sweep is held_out's
+                        clock.sweep(lambda: sweep(kw["model"]), state.global_step)
 
         return Clock()
 
@@ -154,6 +172,7 @@ def timed_trainer(clock: PhaseClock) -> Any:
             out = clock.timed("gen_and_score", super()._generate_and_score_completions)(*a, **kw)
             real = out["prompt_mask"].sum() + out["completion_mask"].sum()
             clock.tokens["real"] += float(real)
+            clock.tokens["response"] += float(out["completion_mask"].sum())
             clock.tokens["padded"] += float(
                 out["prompt_ids"].numel() + out["completion_ids"].numel()
             )
@@ -165,27 +184,28 @@ def timed_trainer(clock: PhaseClock) -> Any:
     return TimedGRPO
 
 
-def held_out(spec: dict[str, Any], model_dir: Path, domains: dict[str, Any]) -> dict[str, float]:
-    """Greedy accuracy per domain: the ``evaluate`` call of megatron-rl's end-of-run sweep."""
-    from megatron_rl.model.tokenizer import load_tokenizer
-    from megatron_rl.rollout.base import build_engine
-    from megatron_rl.rollout.config import RolloutConfig
-    from megatron_rl.train.evaluate import evaluate
+class HeldOut:
+    """megatron-rl's held-out sweep (``rl_eval.RLEval``: the same distinct prompts, the same
+    ``evaluate`` call) on a model's current weights, through the HF engine."""
 
-    engine = build_engine(RolloutConfig(engine="hf"), str(model_dir), spec["seed"])
-    try:
-        res = evaluate(
-            engine,
-            load_tokenizer(model_dir),
-            domains,
-            spec["eval_n"],
-            spec["seed"],
-            spec["max_tokens"],
-            level=spec["level"],
-        )
+    def __init__(self, spec: dict[str, Any], domains: dict[str, Any]) -> None:
+        from megatron_rl.model.tokenizer import load_tokenizer
+        from megatron_rl.rollout.base import build_engine
+        from megatron_rl.rollout.config import RolloutConfig
+        from megatron_rl.train.rl_eval import RLEval
+
+        self.evals = RLEval(run_config(spec), domains)
+        self.tokenizer = load_tokenizer(spec["model"])
+        self.engine = build_engine(RolloutConfig(engine="hf"), spec["model"], spec["seed"])
+
+    def accuracy(self, model: Any) -> dict[str, float]:
+        self.engine.update_weights({k: v.detach() for k, v in model.state_dict().items()})
+        res = self.evals.score(self.engine, self.tokenizer, self.evals.held_out)
         return dict(res.accuracy)
-    finally:
-        engine.shutdown()
+
+    def mean(self, model: Any) -> float:
+        acc = self.accuracy(model)
+        return sum(acc.values()) / len(acc)
 
 
 def main(spec_path: str) -> None:
@@ -204,24 +224,31 @@ def main(spec_path: str) -> None:
     ]
     out = Path(spec["out"])
     clock = PhaseClock()
+    held = HeldOut(spec, domains)
+    every = int(spec.get("eval_every", 0))
     trainer = timed_trainer(clock)(
         model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype="float32"),
         reward_funcs=make_reward(domains),
         args=trl_config(spec, out),
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
-        callbacks=[clock.callback()],
+        callbacks=[clock.callback(held.mean if every else None, every)],
     )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    trainer.save_model(str(out / "final"))
-    trainer.processing_class.save_pretrained(str(out / "final"))
+    accuracy = held.accuracy(trainer.model)  # the final weights, as megatron-rl's last sweep
+    if every:
+        final = {"step": len(clock.steps), "train_s": sum(r["step"] for r in clock.steps)}
+        clock.evals.append(dict(final, mean=sum(accuracy.values()) / len(accuracy)))
+    held.engine.shutdown()
     result = {
         "steps": clock.steps,
         "lrs": clock.lrs,
         "tokens": clock.tokens,
         "completion_len": [h["completions/mean_length"] for h in logs],
-        "accuracy": held_out(spec, out / "final", domains),
+        "accuracy": accuracy,
+        "mean_before": clock.start_mean,
+        "evals": clock.evals,
     }
     print("RESULT " + json.dumps(result), flush=True)
 

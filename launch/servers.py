@@ -7,7 +7,8 @@ A fleet is ``num_servers`` rollout servers on this node (SGLang on GPUs, the emb
 2. waits for each server's ``/health`` (bounded: ``ValueError`` naming the server and the tail of
    its log when it exits or is not healthy in time) and registers it with the router through
    ``POST /workers``; the router runs with retries disabled, so every retry is the client's
-   and is counted in its metrics;
+   and is counted in its metrics. Seeds, GPUs, flags and health-check settings of each process
+   come from :mod:`launch.server_args`;
 3. writes ``<run_dir>/servers.json``: role, host, port, URL, pid, GPUs and log of each process;
 4. :meth:`Fleet.supervise` (a loop; one pass is :meth:`Fleet.check`): a server that died is
    removed from the router (``DELETE /workers/{id}``), restarted, brought to the current weights
@@ -31,6 +32,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from launch import server_args as sargs
+from launch.server_args import assign_gpus, step_gpus
+from launch.server_args import visible_gpus as visible_gpus  # re-export
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +68,9 @@ class Proc:
     role: str  # "server" or "router"
     host: str  # address others use to reach it
     port: int  # its HTTP port
-    gpus: list[int]  # CUDA devices it owns ([] on CPU)
+    gpus: list[str]  # CUDA devices it owns, as CUDA_VISIBLE_DEVICES names them ([] on CPU)
     log: str  # its log file
+    seed: int = 0  # its sampling seed (--random-seed / --seed); each server has its own
     pid: int = 0  # OS process id (0 before start)
     restarts: int = 0  # times the supervisor restarted it
     cmd: list[str] = field(default_factory=list)  # argv
@@ -99,6 +105,10 @@ class Fleet:
         sync_dir: str | None = None,
         gpu_ids: list[int] | None = None,
         sglang_args: list[str] | None = None,
+        seed: int = 0,
+        node_index: int = 0,
+        router_policy: str = "cache_aware",
+        health_check_timeout_s: float = 300.0,
     ) -> None:
         if num_servers < 0:
             raise ValueError(f"num_servers must be >= 0, got {num_servers}")
@@ -110,9 +120,12 @@ class Fleet:
         self.sglang_args = sglang_args or []  # SGLang: its own flags (sglang_server_args)
         self.sync_dir = Path(sync_dir) if sync_dir else self.run_dir / "rollout_weights"
         self.host = host or "127.0.0.1"
+        self.seed, self.node_index = seed, node_index  # seeds: server_args.server_seed
+        self.router_policy = router_policy
+        self.health_check_timeout_s = health_check_timeout_s  # > the longest weight update
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        if engine != "sglang" and gpus_per_server and not (gpu_ids or visible_gpus()):
+        if engine != "sglang" and gpus_per_server and not step_gpus(gpu_ids):
             log.warning("no GPUs visible: the %s servers run on CPU", engine)
             gpus_per_server = 0  # the embedded engines run anywhere; SGLang needs its GPUs
         gpus = assign_gpus(num_servers, gpus_per_server, gpu_ids)
@@ -121,6 +134,8 @@ class Fleet:
             Proc(f"server-{tag}-{i}", "server", self.host, free_port(), g, "")
             for i, g in enumerate(gpus)
         ]
+        for i, p in enumerate(self.servers):
+            p.seed = sargs.server_seed(seed, node_index, len(gpus), i)
         for p in self.servers:
             p.log = str(self.logs / f"{p.name}.log")
         self.router: Proc | None = None
@@ -137,26 +152,24 @@ class Fleet:
             return [
                 sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
                 "--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus)),
-                *self.sglang_args,
+                *self.sglang_args, "--random-seed", str(p.seed),
             ]  # fmt: skip
         return [
             sys.executable, "-m", "launch.cli", "serve", "--model", self.model,
             "--port", str(p.port), "--host", "0.0.0.0", "--engine", self.engine,
-            *self.server_args,
+            *self.server_args, "--seed", str(p.seed),
         ]  # fmt: skip
 
     def router_cmd(self, p: Proc) -> list[str]:
-        return [
-            sys.executable, "-m", "sglang_router.launch_router", "--host", "0.0.0.0",
-            "--port", str(p.port), "--prometheus-port", str(free_port()),
-            "--policy", "round_robin", "--disable-retries",
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
-            "--worker-startup-timeout-secs", str(int(self.health_timeout_s)),
-            "--shutdown-grace-period-secs", "2", "--log-level", "warn",
-        ]  # fmt: skip
+        return sargs.router_cmd(
+            p.port, free_port(), self.router_policy, self.health_check_timeout_s,
+            self.health_timeout_s,
+        )  # fmt: skip
 
     def _spawn(self, p: Proc, cmd: list[str]) -> None:
         env = dict(os.environ)
+        if p.role == "server":
+            env.update(sargs.server_env(self.health_check_timeout_s))
         if p.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.gpus))
         with open(p.log, "ab") as out:
@@ -266,18 +279,17 @@ class Fleet:
                 continue
             log.warning("%s (pid %d) died with code %s; restarting", p.name, p.pid, proc.returncode)
             self.deregister(p)
+            p.seed += sargs.SEED_STRIDE_RESTART  # a fresh stream, not a replay
             p.port = free_port()  # a new URL: the trainer sees the change and rebuilds its
             self._spawn(p, self.server_cmd(p))  # weight-update group with this server in it
             self.wait_healthy(p, "/health")
             p.restarts += 1
-            cur = self.current_weights()
-            if not self.load_current_weights(p, cur):  # never serve stale weights: try again
-                _signal_group(self._popen[p.name].pid, signal.SIGKILL)  # on the next pass
+            if not self.catch_up(p):  # never serve stale weights: try again on the next pass
+                _signal_group(self._popen[p.name].pid, signal.SIGKILL)
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
-            if (latest := self.current_weights()) != cur:  # a sync recorded a newer one meanwhile
-                self.load_current_weights(p, latest)
+            self.catch_up(p)  # a sync recorded a newer one while it registered
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -291,6 +303,18 @@ class Fleet:
         """``current_weights.json`` (path and version of the last sync; None before the first)."""
         f = self.sync_dir / "current_weights.json"
         return json.loads(f.read_text()) if f.is_file() else None
+
+    def catch_up(self, p: Proc) -> bool:
+        """Load the recorded version into ``p`` until the record stops moving; False on failure."""
+        loaded: Any = False
+        for _ in range(5):
+            cur = self.current_weights()
+            if cur == loaded:
+                return True
+            if not self.load_current_weights(p, cur):
+                return False
+            loaded = cur
+        return True
 
     def load_current_weights(self, p: Proc, cur: dict[str, Any] | None) -> bool:
         """Bring ``p`` to ``cur`` (a :meth:`current_weights` record); False on failure."""
@@ -349,20 +373,6 @@ class Fleet:
         self.stop()
 
 
-def sglang_server_args(rollout: Any, seed: int) -> list[str]:
-    """``sglang.launch_server`` flags from the run's ``rollout`` section, built one by one.
-
-    Never ``--config <run yaml>``: SGLang's own ``--config`` turns every YAML key into a flag,
-    and ``run_name:``/``model:`` are not SGLang flags.
-    """
-    return [
-        "--dtype", rollout.dtype,
-        "--mem-fraction-static", str(rollout.gpu_memory_utilization),
-        "--max-running-requests", str(rollout.max_batch),
-        "--random-seed", str(seed),
-    ]  # fmt: skip
-
-
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the fleet process dies, even by SIGKILL (Linux).
 
@@ -382,30 +392,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # the process and anything it started (its own session)
     except ProcessLookupError:
         pass
-
-
-def visible_gpus() -> list[int]:
-    """CUDA devices this process may use (CUDA_VISIBLE_DEVICES, else Slurm's, else none)."""
-    for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            return [int(x) for x in value.split(",") if x.strip().isdigit()]
-    return []
-
-
-def assign_gpus(
-    num_servers: int, gpus_per_server: int, gpu_ids: list[int] | None = None
-) -> list[list[int]]:
-    """GPU ids for each server (from ``gpu_ids``, else the visible ones); ValueError when the
-    node has fewer than asked for."""
-    if gpus_per_server == 0:
-        return [[] for _ in range(num_servers)]
-    have = gpu_ids if gpu_ids is not None else visible_gpus()
-    need = num_servers * gpus_per_server
-    if need > len(have):
-        raise ValueError(
-            f"{num_servers} servers x {gpus_per_server} GPUs = {need} GPUs requested on "
-            f"{socket.gethostname()}, but the allocation has {len(have)} ({have}); lower "
-            "slurm.servers_per_node or slurm.gpus_per_server, or ask Slurm for more GPUs"
-        )
-    return [have[i * gpus_per_server : (i + 1) * gpus_per_server] for i in range(num_servers)]

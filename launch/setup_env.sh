@@ -117,6 +117,29 @@ if have_cuda; then  # TE layer spec (THD packing, context parallelism) and flash
   fi
 fi
 
+if ! have_cuda; then
+  # SGLang's request dataclasses, as source only: sglang does not import beside the CPU torch
+  # (its io_struct needs torchvision, whose PyPI build is a CUDA build), so
+  # tests/test_sglang_io_struct.py reads them from the pinned wheel (no install, ~39 MB once).
+  SGLANG_SRC_SPEC=${SGLANG_SRC_SPEC:-sglang==0.5.23}
+  KEY="$SGLANG_SRC_SPEC"
+  if stage sglang-src "$KEY"; then
+    log "unpacking SGLang's request dataclasses from $SGLANG_SRC_SPEC"
+    tmp=$(mktemp -d)
+    $PIP download --no-deps -d "$tmp" "$SGLANG_SRC_SPEC" >/dev/null 2>&1 \
+      || fail "pip could not download $SGLANG_SRC_SPEC (for its source)"
+    "$VENV/bin/python" - "$tmp"/sglang-*.whl "$VENV/share/sglang-src" <<'PY' \
+      || fail "unpacking SGLang's io_struct.py from $SGLANG_SRC_SPEC"
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in ("sglang/srt/managers/io_struct.py", "sglang/srt/sampling/sampling_params.py"):
+        z.extract(name, sys.argv[2])
+PY
+    rm -rf "$tmp"
+    done_stage sglang-src "$KEY"
+  fi
+fi
+
 KEY="$(sha1sum pyproject.toml | cut -c1-40) $TORCH_SPEC"
 if stage package "$KEY"; then
   pip_install "megatron-rl (editable, test and benchmark extras)" -e ".[test,bench]" "$TORCH_SPEC"

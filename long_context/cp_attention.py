@@ -86,14 +86,19 @@ def to_global_order(gathered: Tensor, cu_seqlens_padded: Tensor, cp: int) -> Ten
     return gathered.index_select(0, inverse)
 
 
-def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, scale: float) -> Tensor:
-    """q [c, H, D] at global positions offset..offset+c-1 of its sequence; k/v [offset + c, H, D].
+def _chunk_attention(
+    q: Tensor, k: Tensor, v: Tensor, offset: int, scale: float, prefix: int = 0
+) -> Tensor:
+    """q [c, H, D] at global positions offset..offset+c-1 of its sequence; k/v [prefix + offset +
+    c, H, D]: ``prefix`` keys of a shared prefix segment (all visible), then the sequence's own.
 
-    Returns [c, H, D]: causal attention of the chunk over its sequence's keys.
+    Returns [c, H, D]: causal attention of the chunk over its sequence's keys (and its prefix).
     """
-    c, n_k = q.shape[0], k.shape[0]
+    c, n_k = q.shape[0], k.shape[0] - prefix
     qpos = torch.arange(offset, offset + c, device=q.device)
     allowed = torch.arange(n_k, device=q.device)[None, :] <= qpos[:, None]
+    if prefix:
+        allowed = torch.cat([allowed.new_ones(c, prefix), allowed], dim=1)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k.transpose(0, 1)[None],
@@ -105,12 +110,22 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, scale: float)
 
 
 def cp_packed_attention(
-    query: Tensor, key: Tensor, value: Tensor, cu_seqlens_padded: Tensor, group: Any, scale: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu_seqlens_padded: Tensor,
+    group: Any,
+    scale: float,
+    prefix_of: tuple[int, ...] = (),
+    cu_seqlens: Tensor | None = None,
 ) -> Tensor:
     """Causal attention of this rank's THD queries over the whole CP-split packed row.
 
     query [L, H, D], key/value [L, G, D] (G query groups, H % G == 0) in this rank's layout;
-    ``cu_seqlens_padded`` [n + 1] the global padded boundaries. Returns [L, H, D].
+    ``cu_seqlens_padded`` [n + 1] the global padded boundaries. A shared-prefix row
+    (``long_context.packing.pack_groups``) also gives ``prefix_of`` (per sequence, the
+    sequence it attends to in full, or -1) and the real boundaries ``cu_seqlens``: since every
+    rank gathers the whole row's keys, a prefix may lie on any rank. Returns [L, H, D].
     """
     cp = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -121,13 +136,21 @@ def cp_packed_attention(
         keys = keys.repeat_interleave(groups, dim=1)
         values = values.repeat_interleave(groups, dim=1)
     cu = cu_seqlens_padded.to("cpu", torch.int64).tolist()
+    real = [] if cu_seqlens is None else cu_seqlens.to("cpu", torch.int64).tolist()
     outs, local = [], 0
-    for start, end in zip(cu[:-1], cu[1:], strict=True):
+    for s, (start, end) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
         c = (end - start) // (2 * cp)
+        head = prefix_of[s] if prefix_of else -1
+        pk = pv = keys[:0]
+        if head >= 0:  # the prefix's real tokens (its padding is left out)
+            pk = keys[cu[head] : cu[head] + real[head + 1] - real[head]]
+            pv = values[cu[head] : cu[head] + real[head + 1] - real[head]]
         for j in (rank, 2 * cp - 1 - rank):
             q = query[local : local + c]
             stop = start + (j + 1) * c
-            outs.append(_chunk_attention(q, keys[start:stop], values[start:stop], j * c, scale))
+            k = torch.cat([pk, keys[start:stop]]) if head >= 0 else keys[start:stop]
+            v = torch.cat([pv, values[start:stop]]) if head >= 0 else values[start:stop]
+            outs.append(_chunk_attention(q, k, v, j * c, scale, pk.shape[0]))
             local += c
     return torch.cat(outs, 0) if outs else query.new_zeros(query.shape)
 
@@ -184,5 +207,7 @@ class CPDotProductAttention(MegatronModule):  # type: ignore[misc]
         cu = packed_seq_params.cu_seqlens_q_padded
         if cu is None:
             cu = packed_seq_params.cu_seqlens_q
-        out = cp_packed_attention(query, key, value, cu, self.cp_group, self.softmax_scale)
+        prefix_of = getattr(packed_seq_params, "prefix_of", ())
+        out = cp_packed_attention(query, key, value, cu, self.cp_group, self.softmax_scale,
+                                  prefix_of, packed_seq_params.cu_seqlens_q)  # fmt: skip
         return out.reshape(out.shape[0], -1)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from long_context.cp import CPShard, all_gather_merge, shard, to_token_aligned
+from long_context.cp import CPShard, all_gather_merge, shard, to_padded, to_token_aligned
 from long_context.packing import PackedBatch
 
 
@@ -49,7 +49,7 @@ def te_cp_inputs(
     cu = layout.cu_seqlens.to(device=device, dtype=torch.int32)
     cu_pad = layout.cu_seqlens_padded.to(device=device, dtype=torch.int32)
     longest = int((layout.cu_seqlens_padded[1:] - layout.cu_seqlens_padded[:-1]).max())
-    params = PackedSeqParams(
+    common: dict[str, Any] = dict(
         qkv_format="thd",
         cu_seqlens_q=cu,
         cu_seqlens_kv=cu,
@@ -58,9 +58,20 @@ def te_cp_inputs(
         max_seqlen_q=longest,
         max_seqlen_kv=longest,
     )
+    positions = part.position_ids
+    if batch.shared_prefix:  # CPU CP attention only (the TE path packs without shared prefixes)
+        from megatron_rl.model.attention import PrefixSeqParams
+
+        rope = to_padded(batch.position_ids.cpu(), layout)  # the whole padded row, global order
+        positions = rope[layout.rank_index[cp_rank]]
+        params: Any = PrefixSeqParams(
+            **common, prefix_of=tuple(batch.prefix_of), rope_positions=rope.to(device)
+        )
+    else:
+        params = PackedSeqParams(**common)
     return TEInputs(
         tokens=part.tokens[None].to(device),
-        position_ids=part.position_ids[None].to(device),
+        position_ids=positions[None].to(device),
         packed_seq_params=params,
         shard=part,
     )

@@ -7,19 +7,21 @@ module nests them into :class:`RunConfig` and provides the single loading/valida
 
 Errors are ``ValueError`` with the dotted key, the bad value and what is allowed. Component
 dataclasses may define ``validate(self) -> None`` for cross-field checks; it is called once,
-bottom-up, after the whole tree is built.
+bottom-up, after the whole tree is built. The typed dict <-> dataclass conversion itself lives
+in :mod:`megatron_rl.dataclass_io` (a leaf module the model package uses too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
+import glob
+import sys
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 import yaml
 
+from megatron_rl.dataclass_io import from_dict, to_dict
 from megatron_rl.domains.config import DomainsConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
@@ -76,103 +78,6 @@ class RunConfig:
                 f"samples lag the trainer by up to {lag} optimizer steps; raise "
                 "rl.max_staleness or lower rollout.sync_every"
             )
-
-
-# ----------------------------------------------------------------------------------------------
-# generic dataclass <-> dict machinery
-
-
-def _type_name(tp: Any) -> str:
-    if get_origin(tp) is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a YAML/CLI value to the annotated type ``tp`` or raise a ValueError naming key."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed:
-            raise ValueError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
-        return value
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        errors = []
-        for a in args:
-            try:
-                return _coerce(value, a, key)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(f"{key}={value!r} does not match any of {[_type_name(a) for a in args]}")
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ValueError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
-        return from_dict(tp, value, prefix=key)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key} must be a list, got {value!r}")
-        (item_tp, *_) = get_args(tp) or (Any,)
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{key} must be a mapping, got {value!r}")
-        kt, vt = get_args(tp) or (Any, Any)
-        return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{key} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ValueError(f"{key} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key} must be a string, got {value!r}")
-        return value
-    return value
-
-
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a nested dict; unknown keys raise with the allowed ones."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ValueError(
-            f"unknown config key {where}{unknown[0]!r}; allowed keys"
-            f"{' under ' + prefix if prefix else ''}: {sorted(fields)}"
-        )
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key)
-    return cls(**kwargs)
-
-
-def to_dict(obj: Any) -> Any:
-    """Plain nested dict of a config (for YAML, checkpoints and W&B)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
 
 
 def validate(obj: Any, prefix: str = "") -> None:
@@ -241,7 +146,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def gpu_dtype_defaults(data: dict[str, Any]) -> None:
     """On a CUDA machine, ``model.dtype`` and ``rollout.dtype`` default to bfloat16 (the TE
-    THD attention path has no fp32 kernel; SGLang serves bf16); set them to keep fp32."""
+    THD attention path has no fp32 kernel; SGLang serves bf16); set them to keep fp32.
+    Without an NVIDIA driver torch is not even imported (a CLI that fails on its config, or on
+    an unreachable router, answers in seconds)."""
+    if "torch" not in sys.modules and not glob.glob("/dev/nvidia[0-9]*"):
+        return
     import torch
 
     if not torch.cuda.is_available():

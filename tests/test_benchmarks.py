@@ -281,3 +281,60 @@ def test_threads_are_passed_only_to_scripts_that_take_them(run_all: Any, tmp_pat
     assert run_all.run_one("a", takes, False, threads=1)["raw"] == ["--threads", "1"]
     plain = run_all.Bench(s, ["--json", "{out}"], 60, takes_threads=False)
     assert run_all.run_one("b", plain, False, threads=1)["raw"] == []
+
+
+def test_time_to_gain_is_a_bound_when_a_tool_does_not_get_there() -> None:
+    rvt = mod("rl_vs_trl")
+    run = {"evals": [{"step": 10, "train_s": 4.0, "mean": 0.45},
+                     {"step": 20, "train_s": 8.0, "mean": 0.52}]}  # fmt: skip
+    assert rvt.first_reach(run, 0.5) == 8.0 and rvt.first_reach(run, 0.6) is None
+    assert rvt.gain_ratio(8.0, 20.0, 9.0, 30.0) == {"ratio": 0.4, "bound": "="}
+    assert rvt.gain_ratio(8.0, None, 9.0, 32.0) == {"ratio": 0.25, "bound": "<="}
+    assert rvt.gain_ratio(None, 16.0, 8.0, 30.0) == {"ratio": 0.5, "bound": ">="}
+    assert rvt.gain_ratio(None, None, 8.0, 30.0)["ratio"] is None
+    assert rvt.median_index([0.5, 0.2, 0.9]) == 0 and rvt.median_index([0.3, 0.1]) == 1
+    ra = mod("run_all")
+    g = {"ratio": 0.25, "bound": "<=", "steps": 200, "start": 0.4,
+         "megatron_rl": {"seconds": 8.0}, "trl": {"seconds": None}}  # fmt: skip
+    h = ra._rl_vs_trl({"time_to_10": g})
+    assert h["time_to_10"]["text"] == "<= 0.25 (TRL not reached in 200 steps)"
+    assert h["time_to_10"]["megatron_rl_s"] == 8.0 and h["time_to_10"]["trl_s"] is None
+
+
+def test_megatron_run_sweeps_leave_eval_time_out(tmp_path: Path) -> None:
+    rvt = mod("rl_vs_trl")
+    row = {"time/step_s": 2.0, "time/step_cpu_s": 1.5, "perf/trained_tokens_per_s": 100.0,
+           "perf/train_s": 1.0, "train/lr": 3e-4, "rollout/response_len_mean": 3.0,
+           "train/response_tokens": 30.0, "time/train_s": 1.0}  # fmt: skip
+    rows = [dict(row, step=0), dict(row, step=1, **{"time/eval_s": 1.5,
+                                                     "eval/mean_accuracy": 0.5})]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"eval_after": {"a": 0.6}, "eval_before": {"a": 0.25}, "mean_after": 0.6,
+               "mean_before": 0.25}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = rvt.read_run(tmp_path)
+    assert run["evals"] == [{"step": 2, "train_s": 2.5, "mean": 0.5},
+                            {"step": 2, "train_s": 2.5, "mean": 0.6}]  # fmt: skip
+    assert run["tokens"]["response"] == 60.0 and run["mean_before"] == 0.25
+    assert rvt.summarize(run, ["a"])["response_tokens_per_s"] == pytest.approx(30.0)
+
+
+def test_trl_sweeps_are_left_out_of_the_step_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    tg = mod("trl_grpo")
+    clock = tg.PhaseClock()
+    now = [0.0]
+    monkeypatch.setattr(tg.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(tg.time, "process_time", lambda: now[0])
+    clock.last = clock.last_cpu = 0.0
+    now[0] = 3.0
+    clock.step_end()  # a 3 s step
+
+    def sweep() -> float:
+        now[0] += 5.0  # a 5 s sweep
+        return 0.42
+
+    clock.sweep(sweep, 1)
+    now[0] += 2.0
+    clock.step_end()
+    assert [r["step"] for r in clock.steps] == [3.0, 2.0]
+    assert clock.evals == [{"step": 1, "train_s": 3.0, "mean": 0.42}]

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from launch.commands.submit import TORCHRUN_SIGNALS, load_with_slurm, render_sbatch
-from launch.servers import Fleet, free_port, http, sglang_server_args
+from launch.server_args import sglang_server_args
+from launch.servers import Fleet, free_port, http
 from megatron_rl.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def test_rendered_serve_command_starts_servers_on_one_cpu_node(tmp_path: Path) -
     assert serve is not None
     command = serve.group(1).replace("--engine sglang", "--engine hf")
     port = free_port()
-    lines += [f"MRL='{sys.executable} -m launch.cli'", f'ROUTER_ARG=(--router-port {port})',
+    lines += [f"MRL='{sys.executable} -m launch.cli'", f'ROUTER_ARG=(--router-port {port})', "i=0",
               'mkdir -p "$RUN_DIR"', "exec " + command]  # fmt: skip
     proc = subprocess.Popen(["bash", "-c", "\n".join(lines)], cwd=REPO, start_new_session=True)
     try:
@@ -75,15 +76,15 @@ def test_rendered_serve_command_starts_servers_on_one_cpu_node(tmp_path: Path) -
 
 def test_sglang_servers_get_sglang_flags_not_the_run_config(tmp_path: Path) -> None:
     cfg = load_config(DEMO, ["rollout.dtype=bfloat16", "rollout.max_batch=96"])
-    args = sglang_server_args(cfg.rollout, seed=5)
+    args = sglang_server_args(cfg.rollout)
     fleet = Fleet(tmp_path, "/m", 2, engine="sglang", gpus_per_server=2, gpu_ids=[0, 1, 2, 3],
-                  router_url="http://r:1", sglang_args=args)  # fmt: skip
+                  router_url="http://r:1", sglang_args=args, seed=5)  # fmt: skip
     cmd = fleet.server_cmd(fleet.servers[1])
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and "--config" not in cmd
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
     assert flags["--tp-size"] == "2" and flags["--dtype"] == "bfloat16"
-    assert flags["--max-running-requests"] == "96" and flags["--random-seed"] == "5"
-    assert fleet.servers[1].gpus == [2, 3]
+    assert flags["--max-running-requests"] == "96" and flags["--random-seed"] == "6"  # 5 + 1
+    assert fleet.servers[1].gpus == ["2", "3"]
 
 
 def test_serve_engine_sglang_without_sglang_fails_with_one_line(tmp_path: Path) -> None:

@@ -64,3 +64,23 @@ def test_stale_target_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     problems = compat.check_targets()
     assert any("no_such_function" in p for p in problems)
     assert any("no_such_module" in p for p in problems)
+
+
+def test_moe_patches_behave() -> None:
+    """The MoE layer's CPU patches: the dispatcher's side stream and events are no-ops, its split
+    sizes come back as numpy arrays (``all_to_all_single`` refuses tensors), and the TE-only
+    names the router tests against None exist."""
+    compat.apply()
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    mt = token_dispatcher.torch
+    stream = mt.cuda.Stream()
+    with mt.cuda.stream(stream):
+        stream.wait_stream(mt.cuda.current_stream())
+    stream.record_event().synchronize()
+    for mod in (moe_utils, token_dispatcher):
+        out = mod.maybe_move_tensor_to_cpu(torch.tensor([3, 1]), as_numpy=True)
+        assert type(out).__name__ == "ndarray" and out.tolist() == [3, 1]
+        t = torch.tensor([2])
+        assert mod.maybe_move_tensor_to_cpu(t) is t
+    assert moe_utils.te_general_gemm is None

@@ -398,3 +398,18 @@ def test_tp_not_dividing_heads_is_one_line_from_the_real_cli(hf_dirs, tmp_path):
         "choose tp among its divisors"
     ]
     assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+
+
+def test_model_package_imports_no_run_config_or_trainer():
+    """``megatron_rl/model/`` takes its own config sections: importing all of it (in a fresh
+    interpreter) loads neither the root run config nor the trainer, rollout or scheduler."""
+    code = ("import sys, pkgutil, importlib, megatron_rl.model as m\n"
+            "for info in pkgutil.walk_packages(m.__path__, 'megatron_rl.model.'):\n"
+            "    importlib.import_module(info.name)\n"
+            "print(sorted(n for n in sys.modules if n.startswith('megatron_rl.')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = eval(done.stdout.strip().splitlines()[-1])
+    assert "megatron_rl.model.arch.base" in loaded  # the walk did import the package
+    outside = [n for n in loaded if not n.startswith("megatron_rl.model")]
+    assert outside == ["megatron_rl.dataclass_io"], outside

@@ -80,6 +80,25 @@ def test_cp2_matches_cp1(results: dict[str, dict]) -> None:
     check_equal(ref, cp2)
 
 
+def test_cp2_shared_prefix_equals_plain_packing(results: dict[str, dict]) -> None:
+    """Shared-prefix rows under CP=2 (each segment split over both ranks, prefixes included)
+    give the log-probs, entropies and gradients of plain packing at CP=1 (and at CP=2)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from prefix_data import compare_per_sample
+
+    ref, cp2 = results["ref"]["shared_prefix"], results["cp2"]["shared_prefix"]
+    plain, shared = ref["plain"]["batch"], ref["shared"]["batch"]
+    assert shared.shared_prefix and shared.num_tokens < plain.num_tokens
+    for key in ("lp", "ent"):
+        assert compare_per_sample(plain, shared, ref["plain"][key], cp2["shared"][key],
+                                  ref["plens"]) < 1e-5  # fmt: skip
+        assert max_diff(ref["shared"][key], cp2["shared"][key]) < 1e-5
+    for name, g in ref["plain"]["grads"].items():
+        assert max_diff(g, cp2["shared"]["grads"][name]) < 1e-5, name
+        assert max_diff(g, ref["shared"]["grads"][name]) < 1e-5, name
+    assert sum(float(g.abs().sum()) for g in ref["plain"]["grads"].values()) > 0
+
+
 def test_cp_padding_is_masked_out(results: dict[str, dict]) -> None:
     """Every sequence of the batches is padded under CP=2; changing the pad tokens changes no
     log-prob and no gradient, so the padding is out of the loss (and out of the attention)."""

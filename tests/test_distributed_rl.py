@@ -41,7 +41,9 @@ WORKER = ROOT / "tests" / "dist" / "rl_layouts.py"
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-OFF = "rl.off_policy=true"
+# the engine stays in the controller's process (rollout.process=same), where the worker records
+# and replays its generate calls; the child-process engine is tested in test_process_engine.py
+OFF = "rl.off_policy=true;rollout.process=same"
 ONE_PROC_RUNS = f"dp1,thin_ref,offpol_ref:{OFF}"
 TWO_PROC_RUNS = (
     f"dp2/dp1,tp2/dp1:parallel.tp=2,pp2/dp1:parallel.pp=2,thin/thin_ref,offpol/offpol_ref:{OFF}"
@@ -50,6 +52,7 @@ TWO_PROC_RUNS = (
 
 def base_overrides(d: Path, steps: int = 2) -> list[str]:
     return [
+        "rl.off_policy=false",  # the demo overlaps; the layouts compare on-policy runs
         f"output_dir={d / 'runs'}",
         f"model.hf_path={d / 'model'}",
         f"domains.task_files=[{d / 'tasks.jsonl'}]",
@@ -169,8 +172,9 @@ def test_dp_ranks_train_disjoint_balanced_shares(runs: Path) -> None:
             map(tuple, whole["seqs"])
         )
         assert s0["seqs"] and s1["seqs"] and s0["hash"] != s1["hash"]
-        tokens = [sum(map(len, s0["seqs"])), sum(map(len, s1["seqs"]))]
+        tokens = [s0["packed"], s1["packed"]]
         assert tokens == s0["tokens"] == s1["tokens"]  # what the controller says it shipped
+        assert sum(tokens) < sum(map(len, whole["seqs"]))  # each group's prompt packed once
         assert max(tokens) <= 1.25 * min(tokens), tokens
         assert len(set(map(len, whole["seqs"]))) > 4  # a mixed-length batch
 
@@ -189,7 +193,8 @@ def test_one_engine_one_rollout_per_step(runs: Path, run: str) -> None:
     """Only rank 0 builds an engine; it gets the same generate calls as a one-rank run."""
     r0, r1 = ranks(runs, run)
     (ref,) = ranks(runs, "dp1")
-    assert ref["engines"] == 1 and ref["generate_calls"] == 2 + 2  # eval before/after + 2 steps
+    # held-out and training-prompt sweeps before and after (rl.eval_train_prompts), 2 steps
+    assert ref["engines"] == 1 and ref["generate_calls"] == 2 * 2 + 2
     assert (r0["engines"], r0["generate_calls"]) == (ref["engines"], ref["generate_calls"])
     assert (r1["engines"], r1["generate_calls"]) == (0, 0)
 

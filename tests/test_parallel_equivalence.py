@@ -2,6 +2,7 @@
 
 One two-process torchrun launch runs tests/dist/policy_equivalence.py, which goes through the
 layouts TP=1/PP=1 (so DP=2), TP=2 and PP=2, all from the same seeded HF-layout weights. Each saves
+shared-prefix vs plain packing differences (``shared_prefix_check``),
 logits, packed log-probs/entropies, per-micro-batch losses, the grad norm of one optimizer step,
 and logits + HF weights after that step (gathered whole, and streamed to rank 0 in small
 buckets, which must hold the same tensors). Before the step everything must agree within 1e-5
@@ -74,6 +75,20 @@ def test_parallel_matches_single_process(results: dict[str, dict], layout: str) 
     assert max_diff(ref["logits_after"], par["logits_after"]) < 1e-5 * max(1.0, scale)
     for name, w in ref["hf_after"].items():
         assert max_diff(w, par["hf_after"][name]) < 1e-5, name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_prefix_equals_plain_packing(results: dict[str, dict], layout: str) -> None:
+    """Shared-prefix rows equal plain packing under TP=2 and PP=2 too (tests/prefix_data.py):
+    per-sample log-probs / entropies at two temperatures, every parameter's gradient with
+    per-token temperatures; every rank's layers ran over each prompt once; and the shared rows'
+    log-probs equal the reference layout's."""
+    sp, ref = results[layout]["shared_prefix"], results["ref"]["shared_prefix"]
+    for t in (0.8, 1.3):
+        assert sp[f"lp_diff_{t}"] < 1e-5 and sp[f"ent_diff_{t}"] < 1e-5
+        assert max_diff(sp[f"lp_shared_{t}"], ref[f"lp_shared_{t}"]) < 1e-5
+    assert sp["grad_diff"] < 1e-5 and sp["grad_abs_sum"] > 0
+    assert all(seen == [sp["expected_tokens"]] * 3 for seen in sp["rows_seen"])
 
 
 def test_two_process_reference_equals_single_process(results: dict[str, dict]) -> None:

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _overrides(d: Path) -> list[str]:
     return [
+        "rl.off_policy=false",
         f"output_dir={d / 'runs'}",
         "run_name=done",
         f"model.hf_path={d / 'model'}",

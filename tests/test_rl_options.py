@@ -52,6 +52,7 @@ def setup_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def overrides(d: Path, run: str, steps: int, *extra: str) -> list[str]:
     return [
+        "rl.off_policy=false",  # the demo overlaps; these runs are on-policy unless they ask
         f"output_dir={d / 'runs'}",
         f"run_name={run}",
         f"model.hf_path={d / 'model'}",

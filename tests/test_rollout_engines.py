@@ -36,12 +36,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", "test", seed=0)
 
 
-@pytest.fixture(scope="module", params=["hf", "vllm"])
+@pytest.fixture(scope="module", params=["hf", "vllm", "hf-own-process"])
 def engine(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[RolloutEngine]:
     torch.set_num_threads(1)
     if request.param == "vllm":
         pytest.importorskip("vllm")
-    cfg = RolloutConfig(engine=request.param, kv_cache_gb=1, max_batch=64)
+    name, _, own = request.param.partition("-")  # hf-own-process: the hf engine in a child
+    cfg = RolloutConfig(engine=name, kv_cache_gb=1, max_batch=64, process="own" if own else "same")
     eng = build(cfg, str(model_dir), seed=0)
     yield eng
     eng.shutdown()

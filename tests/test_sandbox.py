@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -195,3 +196,28 @@ def test_humaneval_gold_passes_through_the_boundary_sample():
 @pytest.mark.slow
 def test_humaneval_gold_passes_through_the_boundary_all():
     check_humaneval(step=1)
+
+
+FORK_AFTER_USE = """
+import os
+from megatron_rl.rewards.sandbox import run_program
+print("parent", run_program("print(1)").status, flush=True)
+pid = os.fork()
+if pid == 0:
+    print("child", run_program("print(2)").status, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_can_still_start_sandboxes():
+    # bwrap is forked by spawner threads; a forked child has none of its parent's threads
+    proc = subprocess.Popen([sys.executable, "-c", FORK_AFTER_USE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the hung forked child too (it shares the group)
+        proc.wait()
+        raise
+    assert out.split("\n")[:2] == ["parent passed", "child passed"], err[-1000:]

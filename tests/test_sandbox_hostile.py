@@ -1,11 +1,13 @@
-"""Adversarial suite: every program in tests/sandbox_hostile/ must get no reward and leave the
-host exactly as it was.
+"""Adversarial suite: every program in tests/sandbox_hostile/ must get no reward, leave the
+host exactly as it was, and see nothing of it.
 
 Each program is run with a tests file whose expected values are random per session, so the only
 way to pass is to cheat. The host side of each check is real: a TCP, a UDP and an abstract unix
 socket listening on loopback (they count every connection or datagram), a canary directory with
-a secret, a bystander process, and scans for leftover processes and files. A program's first
-line ``# expect: a,b`` lists the statuses it may end with; ``passed`` is never allowed.
+a secret, a bystander process, and scans for leftover processes and files; a random marker is
+planted in the host's environment, an open host file, its temp directory's name and its session
+keyring (sandbox_markers.py) and must not appear in anything a program outputs. A program's
+first line ``# expect: a,b`` lists the statuses it may end with; ``passed`` is never allowed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sandbox_markers import HostMarker
 
 from megatron_rl.rewards.sandbox import Limits, isolation, run_program
 
@@ -93,8 +96,11 @@ def host(tmp_path_factory):
     listener = Listener()
     bystander = subprocess.Popen(["sleep", "600"])
     expected = {n: random.randrange(10**6) for n in (3, 17, 256)}
+    marker = HostMarker()
+    marker.plant()
     yield {"canary": canary, "secret": secret, "listener": listener, "bystander": bystander,
-           "expected": expected}  # fmt: skip
+           "expected": expected, "marker": marker}  # fmt: skip
+    marker.remove()
     bystander.kill()
     bystander.wait()
     listener.close()
@@ -166,6 +172,7 @@ def test_hostile_program(name, host):
     assert not res.passed and res.tests_passed < len(host["expected"])
     assert res.status in allowed, (res.status, res.reason, res.stderr[-500:])
     assert host["secret"] not in res.stdout + res.stderr + res.reason
+    assert not host["marker"].found_in(res.stdout, res.stderr, res.reason, *res.failures)
     assert snapshot(host["canary"]) == before
     assert (host["canary"] / "secret.txt").read_text() == host["secret"]
     assert not [p for p in PWNED_PATHS if os.path.exists(p)]

@@ -47,7 +47,7 @@ class PoisonedEngine(HFEngine):
 @pytest.fixture(scope="module")
 def served():
     engine = PoisonedEngine(RolloutConfig(engine="hf"), str(MODEL), seed=0)
-    server = EmbeddedServer(engine, str(MODEL), max_batch=64)
+    server = EmbeddedServer(engine, str(MODEL), max_batch=64, deterministic=True)  # seeds count
     st = ServerThread(server)
     yield st, server
     st.close()

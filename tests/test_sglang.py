@@ -64,7 +64,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def served(models: tuple[Path, Path]):
     cfg = RolloutConfig(engine="hf", max_new_tokens=8)
-    server = EmbeddedServer(HFEngine(cfg, str(models[0]), seed=0), str(models[0]))
+    # deterministic: sampling_seed counts (SGLang's --enable-deterministic-inference)
+    server = EmbeddedServer(
+        HFEngine(cfg, str(models[0]), seed=0), str(models[0]), deterministic=True
+    )
     st = ServerThread(server)
     yield st, server
     st.close()
@@ -76,7 +79,7 @@ def _client(url: str, tmp: Path, **sg: Any) -> SGLangEngine:
         urls=[url],
         request_timeout_s=60,
         sync_dir=str(tmp / "sync"),
-        sglang=SGLangConfig(health_timeout_s=10, retry_backoff_s=0.05, **sg),
+        sglang=SGLangConfig(health_timeout_s=10, retry_backoff_s=0.05, deterministic=True, **sg),
     )
     return SGLangEngine(cfg, str(tmp), seed=7)
 
@@ -177,7 +180,8 @@ def test_need_groups_returns_early_and_aborts_the_rest(served, tmp_path):
 
 def test_update_weights_from_disk_changes_logprobs_and_is_recorded(models, tmp_path):
     cfg = RolloutConfig(engine="hf", max_new_tokens=8)
-    st = ServerThread(EmbeddedServer(HFEngine(cfg, str(models[0]), seed=0), str(models[0])))
+    engine = HFEngine(cfg, str(models[0]), seed=0)
+    st = ServerThread(EmbeddedServer(engine, str(models[0]), deterministic=True))
     client = _client(st.url, tmp_path)
     try:
         req = _requests(1, 1)
@@ -237,7 +241,7 @@ def test_distributed_weight_sync_request_side(monkeypatch: pytest.MonkeyPatch):
     posts: list[tuple[str, dict[str, Any]]] = []
     sent: list[torch.Tensor] = []
 
-    def post(url: str, body: dict[str, Any]) -> Future[Any]:
+    def post(url: str, body: dict[str, Any], timeout_s: float | None = None) -> Future[Any]:
         posts.append((url, body))
         f: Future[Any] = Future()
         f.set_result({"success": True, "message": ""})

@@ -34,7 +34,7 @@ def test_killing_a_server_mid_step_loses_and_duplicates_nothing(tmp_path: Path) 
     model_b = make_tiny_qwen2(tmp_path / "b", seed=1)
     fleet = Fleet(
         tmp_path / "run", str(model_a), 2, engine="hf", router_port=free_port(),
-        health_timeout_s=180,
+        health_timeout_s=180, server_args=["--enable-deterministic-inference"],
     )  # fmt: skip
     with fleet:
         cfg = RolloutConfig(
@@ -42,7 +42,9 @@ def test_killing_a_server_mid_step_loses_and_duplicates_nothing(tmp_path: Path) 
             urls=[str(fleet.router_url)],
             sync_dir=str(fleet.sync_dir),
             request_timeout_s=120,
-            sglang=SGLangConfig(max_concurrency=8, retry_backoff_s=0.1, max_retries=10),
+            sglang=SGLangConfig(
+                max_concurrency=8, retry_backoff_s=0.1, max_retries=10, deterministic=True
+            ),
         )
         client = SGLangEngine(cfg, str(tmp_path), seed=3)
         try:
@@ -114,6 +116,6 @@ def test_server_that_crashes_at_start_is_reported_with_its_log(tmp_path: Path) -
 
 def test_more_gpus_than_the_allocation_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    assert assign_gpus(2, 2) == [[0, 1], [2, 3]]
+    assert assign_gpus(2, 2) == [["0", "1"], ["2", "3"]]
     with pytest.raises(ValueError, match="3 servers x 2 GPUs = 6 GPUs requested.*has 4"):
         assign_gpus(3, 2)

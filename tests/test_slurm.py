@@ -45,6 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def _slurm_overrides(servers: int) -> list[str]:
     """A CPU layout: embedded hf servers, no GPUs, the CLI run by this interpreter."""
     return [
+        "rl.off_policy=false",  # the demo overlaps; the job's assertions are on-policy
         "slurm.gpus_per_node=0",
         "slurm.gpus_per_server=0",
         "slurm.server_engine=hf",

@@ -119,6 +119,9 @@ def test_broadcast_reaches_both_servers_and_a_restarted_server_rejoins(
 ) -> None:
     # torchrun sets this in every worker: rank 0 must still serve the store (weight_group doc).
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    seeds = [json.loads(http("GET", f"{p.url}/get_server_info")[1])["random_seed"]
+             for p in fleet.servers]  # fmt: skip
+    assert seeds == [p.seed for p in fleet.servers] and len(set(seeds)) == 2  # one each
     engine = _engine(fleet, model)
     try:
         sd1 = _perturbed(model, 1)
@@ -172,6 +175,7 @@ def test_a_server_readded_during_a_broadcast_catches_up_from_disk(
         sd2 = _perturbed(model, 4)
         engine.update_weights(sd2)
         assert fleet.servers[0].restarts >= 1
+        engine.versions.join()  # the record (and the catch-up) run in the background
         _assert_servers_hold(fleet, sd2)  # the re-added server too
         assert _logprob_mismatch(engine, model, sd2) < 1e-4
     finally:

@@ -1,6 +1,8 @@
-"""``megatron-rl convert``: HF <-> Megatron checkpoint conversion (Llama / Qwen2, safetensors).
+"""``megatron-rl convert``: HF <-> Megatron checkpoint conversion (every family in
+``megatron_rl/model/arch/``: Llama, Qwen2, Qwen3, Qwen3-MoE; safetensors).
 
-    megatron-rl convert hf-to-megatron --hf DIR --out DIR [--tp N --pp N] [--spec local|te]
+    megatron-rl convert hf-to-megatron --hf DIR --out DIR [--tp N --pp N] [--ep N --etp 1|N]
+                                       [--spec local|te]
     megatron-rl convert megatron-to-hf --ckpt DIR --out DIR
 
 The Megatron side is our per-rank safetensors directory (see ``megatron_rl/model/hf_io.py``).
@@ -24,11 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     to_meg.add_argument("--out", required=True, help="output directory (must not exist)")
     to_meg.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     to_meg.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    to_meg.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
+    to_meg.add_argument(
+        "--etp",
+        type=int,
+        default=0,
+        help="tensor-parallel degree inside an expert: 1 or tp (0: tp)",
+    )
     to_meg.add_argument(
         "--spec",
         choices=convert.SPECS,
         default="local",
-        help="Megatron layer-spec naming of the norms (local or te)",
+        help="Megatron layer-spec naming of the norms and experts (local or te)",
     )
     to_hf = sub.add_parser("megatron-to-hf", help="Megatron shards -> HF directory")
     to_hf.add_argument("--ckpt", required=True, help="directory written by hf-to-megatron")
@@ -39,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _hf_to_megatron(args: argparse.Namespace) -> str:
     raw, cfg = hf_io.load_hf_config(args.hf)
-    convert.check_layout(cfg, args.tp, args.pp)  # fail before reading weights
+    convert.check_layout(cfg, args.tp, args.pp, args.ep, args.etp)  # fail before reading weights
     hf_sd, cfg = hf_io.load_hf(args.hf)
-    shards = convert.hf_to_megatron(hf_sd, cfg, args.tp, args.pp, spec=args.spec)
+    shards = convert.hf_to_megatron(
+        hf_sd, cfg, args.tp, args.pp, spec=args.spec, ep=args.ep, etp=args.etp
+    )
     hf_io.save_megatron_dir(
         args.out,
         shards,
@@ -52,14 +63,17 @@ def _hf_to_megatron(args: argparse.Namespace) -> str:
         hf_config=raw,
         tokenizer_from=args.hf,
         overwrite=args.force,
+        ep=args.ep,
+        etp=args.etp,
     )
     n = sum(t.numel() for t in hf_sd.values())
-    return f"{args.hf} -> {args.out}: {n / 1e6:.2f}M params, tp={args.tp} pp={args.pp}"
+    layout = f"tp={args.tp} pp={args.pp}" + (f" ep={args.ep}" if args.ep > 1 else "")
+    return f"{args.hf} -> {args.out}: {n / 1e6:.2f}M params, {layout}"
 
 
 def _megatron_to_hf(args: argparse.Namespace) -> str:
     shards, cfg, meta = hf_io.load_megatron_dir(args.ckpt)
-    hf_sd = convert.megatron_to_hf(shards, cfg, meta["tp"], meta["pp"])
+    hf_sd = convert.megatron_to_hf(shards, cfg, meta["tp"], meta["pp"], meta["ep"], meta["etp"])
     hf_io.save_hf(
         args.out,
         hf_sd,

@@ -17,7 +17,10 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
-HELP = "print versions of python, torch, megatron-core and the engines, CUDA, compat, Slurm"
+HELP = (
+    "print versions of python, torch, megatron-core and the engines, CUDA, compat, Slurm, and the "
+    "sandbox's memory bound and /proc guard"
+)
 
 # Reported name -> distribution names to try (the first installed one wins).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -87,6 +90,19 @@ def _compat() -> str:
         return f"stale: {e}"
 
 
+def _sandbox() -> dict[str, str]:
+    """The memory bound sandboxes get here, and what keeps their pid 1 out of reach."""
+    from megatron_rl.rewards.sandbox import isolation, memory
+
+    abi = isolation.landlock_abi()
+    guard = (
+        f"landlock ABI {abi} (pid 1's memory, environment and fds closed to the program)"
+        if abi
+        else "none: no Landlock in this kernel (pid 1 holds only the sandbox's own environment)"
+    )
+    return {"memory": memory.detect().describe(), "pid1_guard": guard}
+
+
 def collect() -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-able dict."""
     return {
@@ -97,6 +113,7 @@ def collect() -> dict[str, Any]:
         "cpu_compat_layer": _compat(),
         "slurm": _slurm(),
         "bubblewrap": _run_first_line(["bwrap", "--version"])[1],
+        "sandbox": _sandbox(),
     }
 
 
@@ -110,6 +127,8 @@ def _print_text(info: dict[str, Any]) -> None:
         cuda_text = "no"
     rows += [("cuda", cuda_text), ("cpu compat layer", info["cpu_compat_layer"])]
     rows += [("slurm", info["slurm"]), ("bubblewrap", info["bubblewrap"])]
+    rows += [("sandbox memory", info["sandbox"]["memory"])]
+    rows += [("sandbox pid 1", info["sandbox"]["pid1_guard"])]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

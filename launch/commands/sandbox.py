@@ -22,7 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("program", help="Python file to run (the candidate program)")
     run.add_argument("--tests", help="Python file of test_* functions run against the program")
     run.add_argument("--timeout", type=float, default=10.0, help="wall-time limit, seconds")
-    run.add_argument("--memory-mb", type=int, default=512, help="memory limit per process, MiB")
+    run.add_argument(
+        "--memory-mb",
+        type=int,
+        default=512,
+        help="memory limit per process, and per sandbox where a memory cgroup is available, MiB",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument(
         "--allow-unsandboxed",

@@ -8,7 +8,13 @@ default; ``--engine hf`` is the lightest for tests. Settings come from ``--confi
 With ``--num-servers N`` it runs a whole node's fleet instead (:class:`launch.servers.Fleet`):
 N servers, sglang-router on ``--router-port`` (or registration with ``--router-url``), the
 ``servers-<host>.json`` manifest in ``--run-dir``, and supervision (restart + re-add with the
-current weights) until SIGTERM. The Slurm scripts run this on every rollout node.
+current weights) until SIGTERM. The Slurm scripts run this on every rollout node, with
+``--node-index`` so that every server of the job gets its own sampling seed
+(:func:`launch.server_args.server_seed`).
+
+Seeds as SGLang uses them: a request's ``sampling_seed`` counts only in deterministic mode
+(``rollout.sglang.deterministic``, or ``--enable-deterministic-inference`` here); otherwise each
+server samples from its own seeded stream.
 """
 
 from __future__ import annotations
@@ -36,10 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", default=None, help="run config YAML (its rollout section)")
     parser.add_argument("--seed", type=int, default=None, help="engine seed (default: config's)")
+    parser.add_argument(
+        "--enable-deterministic-inference", action="store_true",
+        help="honour each request's sampling_seed (default: rollout.sglang.deterministic)",
+    )  # fmt: skip
     fleet = parser.add_argument_group("fleet mode (several servers + router on this node)")
     fleet.add_argument("--num-servers", type=int, default=None, help="servers on this node")
     fleet.add_argument("--gpus-per-server", type=int, default=0, help="GPUs each (0: CPU)")
-    fleet.add_argument("--gpu-ids", default=None, help="GPUs to use, e.g. 4,5,6,7 (default: all)")
+    fleet.add_argument(
+        "--gpu-ids", default=None,
+        help="positions among the step's visible GPUs to use, e.g. 4,5,6,7 (default: all)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--node-index", type=int, default=0, help="this rollout node's index (distinct seeds)"
+    )
     fleet.add_argument("--router-port", type=int, default=None, help="start the router here")
     fleet.add_argument("--router-url", default=None, help="register with this router instead")
     fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
@@ -67,10 +83,21 @@ def main(args: argparse.Namespace) -> int:
     if args.port is None or not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535 (or use --num-servers), got {args.port}")
     seed = cfg.seed if args.seed is None else args.seed
-    engine_cfg = replace(cfg.rollout, engine=engine)
-    serve(build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
-          args.host, args.port, cfg.rollout.max_batch)  # fmt: skip
+    engine_cfg = replace(cfg.rollout, engine=engine, return_routed_experts=routed_experts(cfg))
+    sg = cfg.rollout.sglang
+    serve(
+        build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
+        args.host, args.port, max_batch=cfg.rollout.max_batch,
+        deterministic=args.enable_deterministic_inference or sg.deterministic,
+        bucket_timeout_s=sg.bucket_timeout_s,
+    )  # fmt: skip
     return 0
+
+
+def routed_experts(cfg: Any) -> bool:
+    """Servers record the experts they route to (SGLang's ``--enable-return-routed-experts``)
+    when the run replays them (``rl.routing_replay=rollout``) or the config asks."""
+    return bool(cfg.rollout.return_routed_experts or cfg.rl.routing_replay == "rollout")
 
 
 def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
@@ -94,13 +121,28 @@ def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
 
 
 def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
-    from launch.servers import Fleet, sglang_server_args
+    fleet = build_fleet(args, engine, cfg)
+    with fleet:
+        log.info("fleet ready: %s", fleet.write_manifest())
+        fleet.supervise()
+    return 0
+
+
+def build_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> Any:
+    """The :class:`launch.servers.Fleet` that ``--num-servers`` runs (not started)."""
+    from launch.server_args import sglang_server_args
+    from launch.servers import Fleet
 
     if args.router_port is None and args.router_url is None:
         raise ValueError("--num-servers needs --router-port (start a router) or --router-url")
+    if args.node_index < 0:
+        raise ValueError(f"--node-index must be >= 0, got {args.node_index}")
     seed = cfg.seed if args.seed is None else args.seed
     embedded = [*(["--config", args.config] if args.config else []), *args.overrides]
-    fleet = Fleet(
+    if args.enable_deterministic_inference:
+        embedded.append("--enable-deterministic-inference")
+        cfg.rollout.sglang.deterministic = True
+    return Fleet(
         args.run_dir,
         str(Path(args.model).resolve()),
         args.num_servers,
@@ -112,13 +154,15 @@ def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
         health_timeout_s=args.health_timeout,
         sync_dir=cfg.rollout.sync_dir,
         gpu_ids=[int(x) for x in args.gpu_ids.split(",")] if args.gpu_ids else None,
-        server_args=[*embedded, "--seed", str(seed)] if engine != "sglang" else [],
-        sglang_args=sglang_server_args(cfg.rollout, seed) if engine == "sglang" else [],
+        server_args=embedded if engine != "sglang" else [],
+        sglang_args=(
+            sglang_server_args(cfg.rollout, routed_experts(cfg)) if engine == "sglang" else []
+        ),
+        seed=seed,
+        node_index=args.node_index,
+        router_policy=cfg.rollout.sglang.router_policy,
+        health_check_timeout_s=cfg.rollout.sglang.health_check_timeout_s,
     )
-    with fleet:
-        log.info("fleet ready: %s", fleet.write_manifest())
-        fleet.supervise()
-    return 0
 
 
 def _reachable_host() -> str:

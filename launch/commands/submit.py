@@ -26,6 +26,11 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "job.sbatch.j2"
 # warning) would kill it and its workers without a checkpoint. With it listed, torchrun forwards
 # USR1 to every worker and waits --shutdown-timeout seconds for them.
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# Per-job ports (base + SLURM_JOB_ID % 500): the torchrun rendezvous and the weight-update group's
+# store, both on the first trainer node; their ranges never meet each other or router_port.
+RDZV_PORT_BASE = 29400
+WEIGHT_PORT_BASE = 28900
+PORT_SPAN = 500
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +83,28 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
     cfg = from_dict(RunConfig, data)
     validate(cfg)
     engine_tp(cfg, slurm)
+    check_ports(slurm)
+    check_trainer_layout(cfg, slurm)
     return cfg, slurm
+
+
+def check_trainer_layout(cfg: Any, slurm: Any) -> None:
+    """``parallel.*`` (TP/PP/CP, and EP for a mixture-of-experts model) against the trainer
+    world the script will start (trainer nodes x trainer ranks per node), with the model's
+    ``config.json`` when ``model.hf_path`` has one: one line naming the keys, nothing written."""
+    from megatron_rl.model.parallel import validate_layout
+
+    model = cfg.model
+    if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
+        from megatron_rl.model import hf_io
+
+        _, model = hf_io.load_hf_config(cfg.model.hf_path)
+    world = slurm.layout()[0] * slurm.trainer_procs()
+    try:
+        validate_layout(cfg.parallel, world, model, gpu=slurm.gpus_per_node > 0)
+    except ValueError as e:
+        raise ValueError(f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
+                         f"{slurm.trainer_procs()} rank(s))") from None  # fmt: skip
 
 
 def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str]) -> str:
@@ -102,7 +128,9 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         or (
             f'$MRL train "$CONFIG" output_dir={shlex.quote(str(run_dir.parent))} '
             f'rollout.engine=sglang "rollout.urls=[$ROUTER_URL]" '
-            f"rollout.sglang.engine_tp={engine_tp(cfg, slurm)} {extra}"
+            f"rollout.sglang.engine_tp={engine_tp(cfg, slurm)} "
+            f'rollout.sglang.master_port="$WEIGHT_PORT" '
+            f"checkpoint.preempt_grace_s={shutdown_timeout(slurm)} {extra}"
         ).strip()
     )
     if colocated:
@@ -139,10 +167,30 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
         server_gpu_list=",".join(str(i) for i in range(trainer_gpus, trainer_gpus + n_srv)),
         trainer_gpu_list=",".join(str(i) for i in range(trainer_gpus)),
         train_command=train_command,
+        serve_overrides=extra,  # the servers read the same run config (routed experts, dtype)
         servers=slurm.servers(),
         step_cpus=slurm.cpus_per_node or '"${SLURM_CPUS_ON_NODE:-1}"',
-        shutdown_timeout=max(30, slurm.signal_before_end_s - 30),
+        shutdown_timeout=shutdown_timeout(slurm),
+        rdzv_port_base=RDZV_PORT_BASE,
+        weight_port_base=WEIGHT_PORT_BASE,
     )
+
+
+def shutdown_timeout(slurm: Any) -> int:
+    """Seconds between USR1 and the kill that the trainer may use to checkpoint: torchrun's
+    ``--shutdown-timeout`` (the time limit comes ``signal_before_end_s`` after USR1), also
+    passed to the trainer as ``checkpoint.preempt_grace_s``."""
+    return max(30, slurm.signal_before_end_s - 30)
+
+
+def check_ports(slurm: Any) -> None:
+    """``slurm.router_port`` must stay out of the per-job port ranges (ValueError naming it)."""
+    for base, what in ((RDZV_PORT_BASE, "torchrun rendezvous"), (WEIGHT_PORT_BASE, "weight group")):
+        if base <= slurm.router_port < base + PORT_SPAN:
+            raise ValueError(
+                f"slurm.router_port={slurm.router_port} falls in {base}-{base + PORT_SPAN - 1}, "
+                f"the {what} ports of the job; pick one outside 28900-29899"
+            )
 
 
 def engine_tp(cfg: Any, slurm: Any) -> int:

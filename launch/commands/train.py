@@ -14,10 +14,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from megatron_rl.config import load_config
+    from megatron_rl.train.preflight import check_rollout_reachable
+
+    cfg = load_config(args.config, args.overrides)
+    check_rollout_reachable(cfg)  # before torch and megatron load: fails in seconds, not minutes
     from megatron_rl.rollout.base import EngineStartError
     from megatron_rl.train.rl import train_rl
 
-    cfg = load_config(args.config, args.overrides)
     try:
         summary = train_rl(cfg)
     except EngineStartError as e:

@@ -14,19 +14,28 @@ name rebound to :class:`_TorchOnCpu`, a thin proxy that forwards every attribute
   to ``torch.empty`` etc. (p2p communication, ``GlobalMemoryBuffer.get_tensor``, TP mappings,
   DDP grad buffers, the fp32 optimizer's dummy tensors).
 * ``torch.cuda.synchronize()`` / ``torch.cuda.empty_cache()`` -> no-ops (p2p, DDP);
-  ``torch.cuda.current_stream()`` / ``default_stream()`` -> a stream whose waits are no-ops
-  (0.19.x DDP waits on CUDA-graph events before every grad sync).
+  ``torch.cuda.current_stream()`` / ``default_stream()`` / ``Stream()`` -> a stream whose waits
+  and events are no-ops, ``torch.cuda.stream(s)`` -> a null context (0.19.x DDP waits on
+  CUDA-graph events before every grad sync; the MoE dispatcher copies its split sizes to the
+  host on a side stream).
 * tensor factories (``empty``, ``zeros``, ``ones``, ``full``, ``tensor``, ``arange``, ...) map a
   ``device="cuda"`` (or ``cuda:N`` / int) argument to the CPU: the literals in the pipeline
   schedules' token counter, the optimizer's ``found_inf``/``_scale_one`` buffers, grad-norm and
   zero counting in ``clip_grads``, and the attention-mask helpers.
 
-Two functions are replaced outright because the problem is not a device argument:
+Names that a module imports from Transformer Engine and later tests against ``None`` are
+undefined without TE (``TE_ONLY_NAMES``: the MoE router's ``te_general_gemm``); they are set to
+``None``, which selects megatron-core's own plain-torch branch.
+
+Some functions are replaced outright because the problem is not a device argument:
 
 * ``clip_grads.clip_grad_by_total_norm_fp32`` asserts ``grad.type() == 'torch.cuda.FloatTensor'``.
   The replacement scales the same grads by the same coefficient (max_norm / (norm + 1e-6) when
   that is < 1) without the assertion. It is rebound in ``optimizer.optimizer`` too, which imported
   the name directly.
+* ``moe_utils.maybe_move_tensor_to_cpu`` (rebound in ``token_dispatcher`` too) turns the MoE
+  dispatcher's split sizes into numpy arrays only when they are CUDA tensors; on CPU they stayed
+  tensors, which ``all_to_all_single`` refuses. The replacement returns numpy for CPU tensors too.
 * ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` read/write the CUDA
   generator (activation recomputation saves and restores it). On CPU there is no CUDA generator:
   get returns an empty byte tensor and set ignores it; the CPU generator state is still saved and
@@ -49,6 +58,7 @@ end-to-end tests (PP=2, optimizer steps) exercise the patched paths for real.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
@@ -74,6 +84,13 @@ PROXIED_MODULES: tuple[str, ...] = (
     "megatron.core.tensor_parallel.cross_entropy",
     "megatron.core.transformer.utils",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    # the MoE layer: router (weights moved to current_device), experts, the dispatcher's
+    # device-to-host side stream, the aux-loss tracker's device="cuda" buffers
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.shared_experts",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.moe_utils",
 )
 
 # (module, attribute) pairs replaced by a CPU version, with the parameters the original must have.
@@ -90,6 +107,33 @@ REPLACED: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("megatron.core.tensor_parallel.random", "_get_cuda_rng_state"): ("device",),
     ("megatron.core.tensor_parallel.random", "_set_cuda_rng_state"): ("new_state",),
+    ("megatron.core.transformer.moe.moe_utils", "maybe_move_tensor_to_cpu"): (
+        "tensor",
+        "as_numpy",
+        "record_stream",
+    ),
+    ("megatron.core.transformer.moe.token_dispatcher", "maybe_move_tensor_to_cpu"): (
+        "tensor",
+        "as_numpy",
+        "record_stream",
+    ),
+}
+
+# Names a module imports only when Transformer Engine does, then tests against None; without TE
+# they are undefined (megatron-core 0.16.1: the MoE router's gating GEMM raises NameError on
+# ``te_general_gemm``). Defined as None when missing, which selects the plain-torch branches.
+TE_ONLY_NAMES: dict[str, tuple[str, ...]] = {
+    "megatron.core.transformer.moe.moe_utils": (
+        "te_general_gemm",
+        "fused_compute_score_for_moe_aux_loss",
+        "fused_moe_aux_loss",
+        "fused_permute",
+        "fused_permute_with_probs",
+        "fused_sort_chunks_by_index",
+        "fused_sort_chunks_by_index_with_probs",
+        "fused_topk_with_score_function",
+        "fused_unpermute",
+    ),
 }
 
 _FACTORIES = (
@@ -132,7 +176,7 @@ def _on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _NoStream:
-    """What ``current_stream()`` returns on CPU: every wait is already satisfied."""
+    """What ``current_stream()`` / ``Stream()`` give on CPU: every wait is already satisfied."""
 
     def wait_event(self, event: Any) -> None:
         return None
@@ -142,6 +186,9 @@ class _NoStream:
 
     def synchronize(self) -> None:
         return None
+
+    def record_event(self, event: Any = None) -> _NoStream:
+        return self  # an "event" whose synchronize() returns at once
 
 
 class _CudaOnCpu:
@@ -154,6 +201,14 @@ class _CudaOnCpu:
     @staticmethod
     def default_stream(device: Any = None) -> _NoStream:
         return _NoStream()
+
+    @staticmethod
+    def Stream(*args: Any, **kwargs: Any) -> _NoStream:  # noqa: N802 - torch.cuda.Stream
+        return _NoStream()
+
+    @staticmethod
+    def stream(stream: Any) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
     @staticmethod
     def current_device() -> torch.device:
@@ -208,7 +263,17 @@ def _set_cuda_rng_state_cpu(new_state: Any, device: int = -1, graph_safe: bool =
     return None
 
 
+def _maybe_move_tensor_to_cpu_cpu(
+    tensor: Any, as_numpy: bool = False, record_stream: bool = False
+) -> Any:
+    """The tensor on the host, as a numpy array when asked (a CPU tensor included)."""
+    if isinstance(tensor, torch.Tensor) and as_numpy:
+        return tensor.detach().cpu().numpy()
+    return tensor
+
+
 _REPLACEMENTS: dict[str, Callable[..., Any]] = {
+    "maybe_move_tensor_to_cpu": _maybe_move_tensor_to_cpu_cpu,
     "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_cpu,
     "_get_cuda_rng_state": _get_cuda_rng_state_cpu,
     "_set_cuda_rng_state": _set_cuda_rng_state_cpu,
@@ -226,6 +291,11 @@ def check_targets() -> list[str]:
             continue
         if not isinstance(mod.__dict__.get("torch"), (ModuleType, _TorchOnCpu)):
             problems.append(f"{name}: has no module-global 'torch' to redirect")
+    for name in TE_ONLY_NAMES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            problems.append(f"{name}: cannot import ({e})")
     for (name, attr), params in REPLACED.items():
         mod = importlib.import_module(name)
         fn = getattr(mod, attr, None)
@@ -258,6 +328,11 @@ def apply() -> bool:
         replacement = _REPLACEMENTS[attr]
         replacement.__megatron_rl_original__ = getattr(mod, attr)  # type: ignore[attr-defined]
         setattr(mod, attr, replacement)
+    for name, attrs in TE_ONLY_NAMES.items():
+        mod = importlib.import_module(name)
+        for attr in attrs:
+            if not hasattr(mod, attr):
+                setattr(mod, attr, None)
     _state["active"] = True
     return True
 

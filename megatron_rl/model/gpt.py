@@ -1,8 +1,10 @@
-"""Build a megatron-core ``GPTModel`` of Llama / Qwen2 shape from :class:`ModelConfig`.
+"""Build a megatron-core ``GPTModel`` (Llama / Qwen2 / Qwen3 / Qwen3-MoE) from :class:`ModelConfig`.
 
-The shape: RMSNorm, SwiGLU MLP (``gated_linear_unit`` + SiLU), RoPE with ``rotary_base``,
-grouped-query attention (``num_query_groups``), optional QKV bias (Qwen2), no other biases,
-optionally tied input/output embeddings. Dropout is 0 (RL and SFT on small data do not use it, and
+The shape: RMSNorm, SwiGLU MLP (``gated_linear_unit`` + SiLU) or megatron-core's MoE layer of
+SwiGLU experts (``moe.py``), RoPE with ``rotary_base``, grouped-query attention
+(``num_query_groups``, head width ``kv_channels``), optional QKV bias (Qwen2), optional QK
+layernorm (Qwen3: the family's ``spec_options``), no other biases, optionally tied input/output
+embeddings. Dropout is 0 (RL and SFT on small data do not use it, and
 it keeps the trainer's log-probs deterministic so they can match the rollout engine's).
 
 Layer spec: Transformer Engine's when it imports (GPU clusters), megatron-core's local spec
@@ -29,6 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from long_context.packing import PackedBatch
+from megatron_rl.model import moe
+from megatron_rl.model.arch import family
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import have_transformer_engine
 
@@ -65,6 +69,7 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=cfg.qkv_bias,
+        qk_layernorm=family(cfg).qk_norm,  # also: finalize_model_grads sums its grads over TP
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -83,12 +88,14 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
         sequence_parallel=False,
         use_cpu_initialization=not torch.cuda.is_available(),
         **recompute,
+        **moe.transformer_kwargs(cfg, parallel),
     )
 
 
 def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
     """Transformer-layer spec: TE on GPU when available, megatron-core local otherwise.
 
+    The architecture's options (its family's ``spec_options``: QK layernorm, ...) go to both.
     The local spec's core attention takes TE's THD ``PackedSeqParams`` interface: with ``cp > 1``
     the CPU context-parallel one (``long_context/cp_attention.py``), else
     :class:`~megatron_rl.model.attention.VarlenDotProductAttention` (per-sequence causal SDPA for
@@ -96,9 +103,12 @@ def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    options = family(cfg).spec_options(cfg)  # qk_layernorm, num_experts of this architecture
     if use_te_spec():
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
-    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=False)
+        if cfg.is_moe:
+            options["moe_grouped_gemm"] = True  # TEGroupedMLP
+        return specs.get_gpt_layer_with_transformer_engine_spec(**options)
+    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **options)
     if cp > 1:
         from long_context.cp_attention import CPDotProductAttention
 
@@ -138,6 +148,11 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=int(cfg.rotary_base),
     )
+    moe.allow_tp_without_sp(model, parallel.tp)  # MoE layers only (see moe.py)
+    if not use_te_spec():  # shared-prefix rows (per-token RoPE) run on the local spec only
+        from megatron_rl.model.attention import install_token_rope
+
+        install_token_rope(model)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

@@ -1,16 +1,17 @@
 """Checkpoint files: HF directories (safetensors + config.json) and our Megatron directory format.
 
-HF side: ``config.json`` <-> :class:`ModelConfig` for ``Qwen2ForCausalLM`` and
-``LlamaForCausalLM``; weights in ``model.safetensors`` or sharded with
-``model.safetensors.index.json``; tokenizer files copied alongside. Features the Megatron model
-cannot express exactly (Llama ``attention_bias``/``mlp_bias``, RoPE scaling, sliding window, a
-``head_dim`` other than ``hidden_size / heads``) are refused with one line instead of converting
-into a silently different model.
+HF side: ``config.json`` (mapped to :class:`ModelConfig` by the model family,
+``megatron_rl/model/arch/``, which refuses with one line what the Megatron model cannot express
+exactly, instead of converting into a silently different model); weights in
+``model.safetensors`` or sharded with ``model.safetensors.index.json``; tokenizer files copied
+alongside.
 
-Megatron side (what ``convert hf-to-megatron --tp N --pp M`` writes)::
+Megatron side (what ``convert hf-to-megatron --tp N --pp M [--ep E --etp T]`` writes)::
 
-    OUT/megatron_rl_meta.json             format version, tp, pp, spec, ModelConfig, HF config
+    OUT/megatron_rl_meta.json             format version, tp, pp, ep, etp, spec, ModelConfig,
+                                          HF config
     OUT/mp_rank_{tp:02d}_{pp:03d}/model.safetensors   GPTModel.state_dict() of that rank
+    OUT/mp_rank_{tp:02d}_{pp:03d}_{ep:03d}/...        the same, per EP rank, when ep > 1
     OUT/tokenizer.json ...                tokenizer files of the source, so the way back keeps them
 
 It is our own format (not Megatron's ``torch_dist``), so it does not depend on the megatron-core
@@ -35,11 +36,11 @@ from typing import Any
 import safetensors.torch
 from torch import Tensor
 
-from megatron_rl.config import from_dict, to_dict
+from megatron_rl.dataclass_io import from_dict, to_dict
+from megatron_rl.model.arch import hf_config_from_model_config, model_config_from_hf
 from megatron_rl.model.config import ModelConfig
-from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout
+from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout, shard_key
 
-ARCHITECTURES: dict[str, str] = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
@@ -47,106 +48,6 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 META_FILE = "megatron_rl_meta.json"
 FORMAT_VERSION = 1
-_DTYPES = ("float32", "bfloat16", "float16")
-
-
-# ----------------------------------------------------------------------------------------------
-# config.json <-> ModelConfig
-
-
-def _arch_of(config: dict[str, Any]) -> str:
-    archs = config.get("architectures") or []
-    name = archs[0] if archs else None
-    if name is None:  # fall back to model_type
-        by_type = {v: k for k, v in ARCHITECTURES.items()}
-        name = by_type.get(config.get("model_type", ""), config.get("model_type"))
-    if name not in ARCHITECTURES:
-        raise ValueError(f"unsupported architecture {name!r}; supported: {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[name]
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    """RoPE base from ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5)."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE is")
-    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-
-
-def _refuse_unsupported(config: dict[str, Any], arch: str) -> None:
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={config['hidden_act']!r} is not supported; only 'silu'")
-    if arch == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
-        raise ValueError("Llama attention_bias/mlp_bias=true is not supported (Megatron's "
-                         "Llama shape has no o_proj/MLP bias); only false")  # fmt: skip
-    if arch == "qwen2" and config.get("use_sliding_window"):
-        raise ValueError("Qwen2 use_sliding_window=true is not supported; only false")
-    heads = config["num_attention_heads"]
-    if config.get("head_dim") not in (None, config["hidden_size"] // heads):
-        raise ValueError(f"head_dim={config['head_dim']} != hidden_size / num_attention_heads "
-                         "is not supported")  # fmt: skip
-
-
-def model_config_from_hf(config: dict[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of an HF ``config.json`` dict (Qwen2 or Llama)."""
-    arch = _arch_of(config)
-    try:
-        _refuse_unsupported(config, arch)
-        dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-        cfg = ModelConfig(
-            arch=arch,  # type: ignore[arg-type]
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=int(config["hidden_size"]),
-            ffn_hidden_size=int(config["intermediate_size"]),
-            num_attention_heads=int(config["num_attention_heads"]),
-            num_query_groups=int(
-                config.get("num_key_value_heads") or config["num_attention_heads"]
-            ),
-            vocab_size=int(config["vocab_size"]),
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-            rotary_base=_rope_theta(config),
-            norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
-            qkv_bias=arch == "qwen2",
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            init_std=float(config.get("initializer_range", 0.02)),
-            dtype=dtype if dtype in _DTYPES else "float32",  # type: ignore[arg-type]
-        )
-    except KeyError as e:
-        raise ValueError(f"config.json has no {e.args[0]!r} (needed for {arch})") from None
-    cfg.validate()
-    return cfg
-
-
-def hf_config_from_model_config(
-    cfg: ModelConfig, base: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """HF ``config.json`` dict for ``cfg``; keys of ``base`` we do not set (token ids...) kept."""
-    arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.arch]
-    if cfg.qkv_bias != (cfg.arch == "qwen2"):  # HF Llama's attention_bias also biases o_proj
-        raise ValueError(f"model.qkv_bias={cfg.qkv_bias} cannot be written as {arch}: HF Qwen2 "
-                         "always has a QKV bias and HF Llama none we can express")  # fmt: skip
-    out = dict(base or {})
-    out.update({
-        "architectures": [arch], "model_type": cfg.arch, "hidden_act": "silu",
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_hidden_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_query_groups, "num_hidden_layers": cfg.num_layers,
-        "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_epsilon,
-        "rope_theta": cfg.rotary_base,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
-        "torch_dtype": cfg.dtype, "dtype": cfg.dtype, "attention_dropout": 0.0,
-        "use_cache": True,
-    })  # fmt: skip
-    out.pop("rope_scaling", None)
-    if cfg.arch == "llama":
-        out.update({"attention_bias": False, "mlp_bias": False})
-    else:
-        out["use_sliding_window"] = False
-        out.pop("layer_types", None)  # stale when num_layers changed; HF rebuilds it
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,7 +165,7 @@ def _weight_files(d: Path) -> list[Path]:
 
 
 def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelConfig]:
-    """Read an HF Llama/Qwen2 checkpoint: ``(state_dict, ModelConfig)``, tensors validated."""
+    """Read an HF checkpoint: ``(state_dict, ModelConfig)``, tensors validated."""
     _, cfg = load_hf_config(hf_dir)
     files = _weight_files(Path(hf_dir))
     sd: dict[str, Tensor] = {}
@@ -341,13 +242,19 @@ def save_hf(
 # Megatron checkpoint directories (one safetensors file per rank)
 
 
-def rank_file(ckpt_dir: Path, tp_rank: int, pp_rank: int) -> Path:
-    return ckpt_dir / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}" / "model.safetensors"
+def rank_file(ckpt_dir: Path, tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> Path:
+    """``mp_rank_{tp:02d}_{pp:03d}[_{ep:03d}]/model.safetensors`` (the EP part when ep > 1)."""
+    ep = "" if ep_rank is None else f"_{ep_rank:03d}"
+    return ckpt_dir / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}{ep}" / "model.safetensors"
+
+
+def _file_of(ckpt_dir: Path, key: tuple[int, ...]) -> Path:
+    return rank_file(ckpt_dir, key[0], key[1], key[2] if len(key) == 3 else None)
 
 
 def save_megatron_dir(
     out_dir: str | os.PathLike[str],
-    shards: dict[tuple[int, int], dict[str, Tensor]],
+    shards: dict[tuple[int, ...], dict[str, Tensor]],
     cfg: ModelConfig,
     tp: int,
     pp: int,
@@ -355,26 +262,30 @@ def save_megatron_dir(
     hf_config: dict[str, Any] | None = None,
     tokenizer_from: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    ep: int = 1,
+    etp: int = 0,
 ) -> Path:
-    """Write ``shards`` (keyed ``(tp_rank, pp_rank)``) and the metadata to ``out_dir``."""
-    check_layout(cfg, tp, pp)
-    missing = [(t, p) for p in range(pp) for t in range(tp) if (t, p) not in shards]
+    """Write ``shards`` (keyed by ``convert.shard_key``) and the metadata to ``out_dir``."""
+    check_layout(cfg, tp, pp, ep, etp)
+    keys = [shard_key(t, p, e, ep) for p in range(pp) for e in range(ep) for t in range(tp)]
+    missing = [k for k in keys if k not in shards]
     if missing:
-        raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank): {missing}")
-    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "spec": spec,
-            "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
+        raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank[, ep_rank]): {missing}")
+    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "ep": ep, "etp": etp or tp,
+            "spec": spec, "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
     with atomic_dir(out_dir, overwrite) as tmp:
-        for (t, p), shard in shards.items():
-            path = rank_file(tmp, t, p)
+        for key in keys:
+            path = _file_of(tmp, key)
             path.parent.mkdir()
-            _save_safetensors(path, shard)
+            _save_safetensors(path, shards[key])
         copy_tokenizer_files(tokenizer_from, tmp)
         _write_json(tmp / META_FILE, meta)
     return Path(out_dir)
 
 
 def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], ModelConfig]:
-    """Validated ``megatron_rl_meta.json`` and its :class:`ModelConfig`."""
+    """Validated ``megatron_rl_meta.json`` and its :class:`ModelConfig` (``ep``/``etp`` filled
+    in for directories written before expert parallelism: 1 and ``tp``)."""
     d = _existing_dir(ckpt_dir, "Megatron checkpoint")
     path = d / META_FILE
     meta = read_json(path)
@@ -384,8 +295,9 @@ def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any]
     try:
         cfg = from_dict(ModelConfig, meta["model"], prefix="model")
         tp, pp = int(meta["tp"]), int(meta["pp"])
+        meta["ep"], meta["etp"] = int(meta.get("ep", 1)), int(meta.get("etp", tp))
         cfg.validate()
-        check_layout(cfg, tp, pp)
+        check_layout(cfg, tp, pp, meta["ep"], meta["etp"])
     except KeyError as e:
         raise ValueError(f"{path}: missing key {e.args[0]!r}") from None
     except (ValueError, TypeError) as e:
@@ -397,13 +309,11 @@ def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any]
 
 def load_megatron_dir(
     ckpt_dir: str | os.PathLike[str],
-) -> tuple[dict[tuple[int, int], dict[str, Tensor]], ModelConfig, dict[str, Any]]:
+) -> tuple[dict[tuple[int, ...], dict[str, Tensor]], ModelConfig, dict[str, Any]]:
     """Read a directory written by :func:`save_megatron_dir`: ``(shards, cfg, meta)``."""
     meta, cfg = load_megatron_meta(ckpt_dir)
     d = Path(ckpt_dir)
-    shards = {
-        (t, p): _load_safetensors(rank_file(d, t, p))
-        for p in range(meta["pp"])
-        for t in range(meta["tp"])
-    }
-    return shards, cfg, meta
+    ep = meta["ep"]
+    keys = [shard_key(t, p, e, ep) for p in range(meta["pp"]) for e in range(ep)
+            for t in range(meta["tp"])]  # fmt: skip
+    return {k: _load_safetensors(_file_of(d, k)) for k in keys}, cfg, meta

@@ -10,7 +10,9 @@
 The layout is validated before any process group exists, with one ``ValueError`` line naming what
 is wrong and what is allowed (TP must divide the heads, PP the layers, ...), so a bad config never
 surfaces as a traceback from inside megatron-core. Data parallelism takes whatever is left:
-``dp = world / (tp * pp * cp)``. On CPU the backend is gloo and the compat layer is applied.
+``dp = world / (tp * pp * cp)``; a mixture-of-experts model's experts are split on their own grid
+over the same processes (``ep`` x ``etp`` per PP stage, replicated over what is left).
+On CPU the backend is gloo and the compat layer is applied.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class DistInfo:
     dp_rank: int
     device: torch.device  # cuda:<local rank> or cpu
     backend: str  # nccl or gloo
+    ep: int = 1  # expert-parallel size
+    ep_rank: int = 0
+    etp: int = 1  # tensor-parallel size inside an expert (1 or tp)
+    edp_rank: int = 0  # rank among the replicas of this rank's experts
+
+    def shard(self) -> dict[str, int]:
+        """This rank's coordinates as ``convert.hf_to_megatron_rank`` takes them."""
+        return dict(tp=self.tp, tp_rank=self.tp_rank, pp=self.pp, pp_rank=self.pp_rank,
+                    ep=self.ep, ep_rank=self.ep_rank, etp=self.etp)  # fmt: skip
 
     @property
     def is_first_stage(self) -> bool:
@@ -67,9 +78,16 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfig | None) -> None:
-    """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes."""
+def validate_layout(
+    parallel: ParallelConfig, world_size: int, model: ModelConfig | None, gpu: bool | None = None
+) -> None:
+    """Raise one clear ValueError if ``parallel`` cannot be laid out on ``world_size`` processes.
+
+    ``gpu``: whether the ranks will have CUDA (None: this process's, Transformer Engine checked
+    too); ``megatron-rl submit`` checks a GPU job's layout from a login node without one."""
     parallel.validate()
+    here = gpu is None  # checking this process's own environment (Transformer Engine too)
+    gpu = torch.cuda.is_available() if gpu is None else gpu
     tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
     if dp and dp * tp * pp * cp != world_size:
         raise ValueError(
@@ -82,12 +100,12 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
             f"world size {world_size} is not divisible by parallel.tp * parallel.pp * parallel.cp "
             f"= {tp} * {pp} * {cp} = {tp * pp * cp}; choose sizes whose product divides it"
         )
-    if cp > 1 and torch.cuda.is_available() and not have_transformer_engine():
+    if cp > 1 and gpu and here and not have_transformer_engine():
         raise ValueError(
             f"parallel.cp={cp} on GPU needs Transformer Engine (its attention is the GPU CP path), "
             "which does not import here; install transformer_engine or use parallel.cp=1"
         )
-    if cp > 1 and pp > 1 and not torch.cuda.is_available():
+    if cp > 1 and pp > 1 and not gpu:
         raise ValueError(
             f"parallel.cp={cp} with parallel.pp={pp} is not supported on CPU "
             "(context parallelism runs with parallel.pp=1); set parallel.pp=1 or parallel.cp=1"
@@ -104,11 +122,37 @@ def validate_layout(parallel: ParallelConfig, world_size: int, model: ModelConfi
         )
     if model.num_layers % pp:
         raise ValueError(f"parallel.pp={pp} must divide model.num_layers={model.num_layers}")
-    if pp > 1 and model.tie_embeddings and not torch.cuda.is_available():
+    _validate_experts(parallel, world_size, model)
+    if pp > 1 and model.tie_embeddings and not gpu:
         raise ValueError(
             "model.tie_embeddings=true with parallel.pp>1 is GPU-only (megatron-core moves the "
             "shared weight with .cuda()); use parallel.pp=1 or untied embeddings on CPU"
         )
+
+
+def _validate_experts(parallel: ParallelConfig, world_size: int, model: ModelConfig) -> None:
+    ep, etp, pp = parallel.ep, parallel.expert_tp, parallel.pp
+    if not model.is_moe:
+        if ep > 1:
+            raise ValueError(f"parallel.ep={ep} needs a mixture-of-experts model; model.arch="
+                             f"{model.arch} is dense, use parallel.ep=1")  # fmt: skip
+        return
+    if model.moe.num_experts % ep:
+        raise ValueError(f"parallel.ep={ep} must divide model.moe.num_experts="
+                         f"{model.moe.num_experts}")  # fmt: skip
+    if world_size % (ep * etp * pp):
+        raise ValueError(f"world size {world_size} is not divisible by parallel.ep * etp * pp = "
+                         f"{ep} * {etp} * {pp} = {ep * etp * pp}; choose sizes whose product "
+                         "divides it")  # fmt: skip
+    if model.moe.ffn_hidden_size % etp:
+        raise ValueError(f"the expert tensor-parallel degree {etp} (parallel.etp) must divide "
+                         f"model.moe.ffn_hidden_size={model.moe.ffn_hidden_size}")  # fmt: skip
+    if parallel.cp > 1:
+        raise ValueError(f"parallel.cp={parallel.cp} with a mixture-of-experts model is not "
+                         "supported yet; use parallel.cp=1")  # fmt: skip
+    if model.moe.dispatcher == "allgather" and pp > 1:
+        raise ValueError("model.moe.dispatcher=allgather does not take variable sequence "
+                         f"lengths, which parallel.pp={pp} needs; use alltoall")  # fmt: skip
 
 
 def _init_process_group(backend: str) -> None:
@@ -140,11 +184,13 @@ def init_distributed(
             mpu.destroy_model_parallel()
     if "info" in _info:
         info = _info["info"]
-        if (info.tp, info.pp, info.cp) != (parallel.tp, parallel.pp, parallel.cp):
+        have = (info.tp, info.pp, info.cp, info.ep, info.etp)
+        if have != (parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.expert_tp):
             raise ValueError(
                 f"distributed state already initialised with tp={info.tp} pp={info.pp} "
-                f"cp={info.cp}; call destroy_distributed() before asking for tp={parallel.tp} "
-                f"pp={parallel.pp} cp={parallel.cp}"
+                f"cp={info.cp} ep={info.ep} etp={info.etp}; call destroy_distributed() before "
+                f"asking for tp={parallel.tp} pp={parallel.pp} cp={parallel.cp} ep={parallel.ep} "
+                f"etp={parallel.expert_tp}"
             )
         if model is not None:
             validate_layout(parallel, info.world_size, model)
@@ -165,6 +211,8 @@ def init_distributed(
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         context_parallel_size=parallel.cp,
+        expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.expert_tp,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not cuda)
     torch.manual_seed(seed)
@@ -181,6 +229,10 @@ def init_distributed(
         dp_rank=mpu.get_data_parallel_rank(),
         device=device,
         backend=backend,
+        ep=parallel.ep,
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        etp=parallel.expert_tp,
+        edp_rank=mpu.get_expert_data_parallel_rank(),
     )
     # The controller's evals and rollouts can keep trainer ranks waiting on this group for long.
     _control["group"] = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)

@@ -8,6 +8,9 @@ layout with Megatron's ``PackedSeqParams`` (``cu_seqlens``) and no mask, on GPU 
 Engine's attention and on CPU by ``attention.VarlenDotProductAttention`` (per-sequence causal
 attention: cost sum_i s_i², not T²). RoPE positions restart at 0 in every sequence (megatron-core's
 THD RoPE); tested against running each sequence alone and against the dense block-diagonal mask.
+Shared-prefix rows (``packing.pack_groups``: each GRPO group's prompt once, its responses as
+segments attending to it) carry ``attention.PrefixSeqParams``: the varlen attention adds each
+segment's prefix, RoPE rotates every token by its position in its sample; local spec only.
 
 Context parallelism (``parallel.cp > 1``): each micro-batch is split per CP rank in Megatron/TE's
 load-balanced THD layout (``long_context/cp_te.py``: every sequence padded to a multiple of
@@ -36,8 +39,6 @@ each rank's summed loss: a caller normalising by a global token count should mul
 
 from __future__ import annotations
 
-import copy
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -56,24 +57,30 @@ from megatron_rl.model.gpt import (
     align_to_tokens,
     build_gpt_model,
     prediction_temperatures,
-    thd_params,
     use_te_spec,
     vocab_parallel_logprobs,
 )
+from megatron_rl.model.moe import ROUTES_KEY, RoutingReplay
 from megatron_rl.model.parallel import DistInfo, validate_layout
+from megatron_rl.model.policy_state import PolicyState
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
 
 
-class Policy:
-    """The policy model chunk on this rank, with optional optimizer; see the module docstring."""
+class Policy(PolicyState):
+    """The policy model chunk on this rank, with optional optimizer; see the module docstring.
+
+    The optimizer step and the weight / optimizer state live in :class:`PolicyState`.
+    """
 
     def __init__(
         self, model_cfg: ModelConfig, dist_info: DistInfo, train_cfg: OptimizerConfig | None = None
     ) -> None:
         self.cfg = model_cfg
         self.dist = dist_info
-        self.parallel = ParallelConfig(tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp)
+        self.parallel = ParallelConfig(
+            tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp, ep=dist_info.ep, etp=dist_info.etp
+        )
         validate_layout(self.parallel, dist_info.world_size, model_cfg)
         # Batches go through the CP split / THD layout (with cp = 1 only when a benchmark swaps
         # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
@@ -83,38 +90,14 @@ class Policy:
             model_cfg, dist_info.is_first_stage, dist_info.is_last_stage, self.parallel
         )
         self.model: Any = self.module  # the DDP wrapper when training, else the GPTModel
+        first = dist_info.pp_rank * (model_cfg.num_layers // dist_info.pp)
+        self.replay = RoutingReplay(self.module, model_cfg, first) if model_cfg.is_moe else None
         self.optimizer: Any = None
         if train_cfg is not None:
             self._build_training(train_cfg)
         self._configure_schedule()
 
     # ------------------------------------------------------------------ construction
-
-    def _build_training(self, train_cfg: OptimizerConfig) -> None:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
-        from megatron.core.optimizer import get_megatron_optimizer
-
-        tcfg = self.module.config
-        ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
-        )
-        self.model = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=self.module)
-        opt_cfg = MegatronOptimizerConfig(
-            optimizer="adam",
-            lr=train_cfg.lr,
-            weight_decay=train_cfg.weight_decay,
-            adam_beta1=train_cfg.adam_beta1,
-            adam_beta2=train_cfg.adam_beta2,
-            adam_eps=train_cfg.adam_eps,
-            clip_grad=train_cfg.grad_clip,
-            bf16=tcfg.bf16,
-            fp16=tcfg.fp16,
-            params_dtype=tcfg.params_dtype,
-        )
-        self.optimizer = get_megatron_optimizer(opt_cfg, [self.model])
-        self.weight_decay = train_cfg.weight_decay
-        self.grad_clip = train_cfg.grad_clip
 
     def _configure_schedule(self) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -128,13 +111,25 @@ class Policy:
 
     # ------------------------------------------------------------------ forward machinery
 
-    def _forward(self, model: Any, tokens: Tensor, mask: Tensor | None, packed: Any) -> Tensor:
+    def _forward(
+        self, model: Any, tokens: Tensor, mask: Tensor | None, packed: Any, routes: Any = None
+    ) -> Tensor:
+        """``routes``: expert choices to replay (MoE), rows in router order; None routes freely."""
+        if self.replay is not None:
+            self.replay.set(routes)
         pos = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
         return model(tokens, pos, mask, packed_seq_params=packed)
 
     def _packed_inputs(self, batch: PackedBatch) -> tuple[Tensor, Tensor | None, Any]:
         """tokens [1, T], no mask, THD PackedSeqParams (TE on GPU, varlen attention on CPU)."""
-        return batch.tokens[None], None, thd_params(batch.cu_seqlens)
+        from megatron_rl.model.attention import row_params
+
+        if batch.shared_prefix and self.spec == "te":
+            raise ValueError(
+                "shared-prefix rows need the local layer spec; under TE pack one sequence per "
+                "sample (rl_step.shared_prefix_enabled does)"
+            )
+        return batch.tokens[None], None, row_params(batch)
 
     def _run_schedule(
         self,
@@ -175,7 +170,8 @@ class Policy:
                 out = model(cp_in.tokens, cp_in.position_ids, None, packed_seq_params=packed)
                 return out, partial(loss_func, batch, cp_in.shard)
             tokens, mask, packed = self._packed_inputs(batch)
-            return self._forward(model, tokens, mask, packed), partial(loss_func, batch, None)
+            out = self._forward(model, tokens, mask, packed, batch.extras.get(ROUTES_KEY))
+            return out, partial(loss_func, batch, None)
 
         self.model.train(not forward_only)
         return get_forward_backward_func()(
@@ -279,8 +275,10 @@ class Policy:
         return list(zip(lps, ents, strict=True))
 
     @torch.no_grad()
-    def logits(self, tokens: Tensor) -> Tensor:
-        """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU."""
+    def logits(self, tokens: Tensor, routes: Tensor | None = None) -> Tensor:
+        """tokens [B, S] -> full-vocab logits [B, S, V] (causal per row), on every rank, on CPU.
+
+        ``routes`` [B, S, L, k] (MoE): the experts to replay for every token and layer."""
         from megatron.core import parallel_state as mpu
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
@@ -292,8 +290,11 @@ class Policy:
         causal = torch.ones(s, s, dtype=torch.bool, device=self.dist.device).triu(1)[None, None]
         mask = None if self.spec == "te" else causal  # TE's causal mask type needs none
 
+        # the routers see the tokens sequence-major ([S, B] flattened)
+        rows = None if routes is None else routes.transpose(0, 1).reshape(s * b, -1)
+
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
-            out = self._forward(model, next(data_iterator), mask, None)
+            out = self._forward(model, next(data_iterator), mask, None, rows)
             return out, lambda o: (o.new_zeros(()), {"logits": o})
 
         self.model.eval()
@@ -363,104 +364,3 @@ class Policy:
 
         outs = self._run_schedule(batches, on_logits, forward_only=False)
         return self._broadcast_objects(list(outs) if self.dist.is_last_stage else [])
-
-    def optimizer_step(self, lr: float) -> dict[str, float]:
-        """Clip and apply the accumulated grads at learning rate ``lr``; zero the grads.
-
-        A non-finite grad norm (or an fp16 overflow) skips the update (``skipped=1``). Returns
-        grad_norm, lr, skipped. Grads are prepared (with fp16: unscaled, loss scale updated) once:
-        Megatron's ``optimizer.step()`` would prepare them again, so its parts are called here.
-        Weight decay times each param group's ``wd_mult`` (0 for biases and norms), which
-        Megatron applies only through its LR scheduler (not used here).
-        """
-        if self.optimizer is None:
-            raise ValueError("Policy.optimizer_step needs a Policy built with train_cfg")
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-            group["weight_decay"] = self.weight_decay * group.get("wd_mult", 1.0)
-        found_inf = self.optimizer.prepare_grads()
-        grad_norm = float("nan") if found_inf else float(self.optimizer.get_grad_norm())
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:
-            self._clip_grads(grad_norm)
-            skipped = not self.optimizer.step_with_ready_grads()
-        self.zero_grad()
-        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
-
-    def _clip_grads(self, grad_norm: float) -> None:
-        """Scale the prepared main grads so their global norm is at most ``grad_clip``."""
-        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
-
-        if self.grad_clip <= 0:
-            return
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            params = opt.get_parameters()
-            if params:
-                clip_grad_by_total_norm_fp32(params, self.grad_clip, grad_norm)
-
-    def zero_grad(self) -> None:
-        """Drop accumulated gradients (DDP grad buffers and optimizer grads)."""
-        if self.optimizer is not None:
-            self.model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-
-    # ------------------------------------------------------------------ state
-
-    def model_state_shard(self) -> dict[str, Tensor]:
-        """This rank's parameters with Megatron names (layers numbered within the stage)."""
-        sd = self.module.state_dict()
-        return {k: v.detach().clone() for k, v in sd.items() if not k.endswith("_extra_state")}
-
-    def load_model_state_shard(self, sd: dict[str, Tensor]) -> None:
-        """Load this rank's Megatron-named parameters (every parameter must be present)."""
-        result = self.module.load_state_dict(sd, strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"model state shard does not fit this rank (tp_rank={self.dist.tp_rank}, "
-                f"pp_rank={self.dist.pp_rank}): missing {missing[:3]}, "
-                f"unexpected {result.unexpected_keys[:3]}"
-            )
-        if self.optimizer is not None:
-            self.optimizer.reload_model_params()
-
-    def optimizer_state(self) -> Any:
-        """A copy of this rank's optimizer state (safe to keep while training continues)."""
-        if self.optimizer is None:
-            raise ValueError("Policy.optimizer_state needs a Policy built with train_cfg")
-        return copy.deepcopy(self.optimizer.state_dict())
-
-    def load_optimizer_state(self, sd: Any) -> None:
-        """Restore optimizer state; each parameter gets its own Adam ``step`` tensor back."""
-        if self.optimizer is None:
-            raise ValueError("Policy.load_optimizer_state needs a Policy built with train_cfg")
-        self.optimizer.load_state_dict(copy.deepcopy(sd))
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            for state in opt.optimizer.state.values():
-                if isinstance(state.get("step"), Tensor):
-                    state["step"] = state["step"].clone()
-
-    def hf_state_dict(self) -> dict[str, Tensor]:
-        """The full model in HF Llama/Qwen2 layout on global rank 0 (CPU tensors); ``{}`` elsewhere.
-
-        Collective: every rank calls it. Streams stage by stage, bucket by bucket, gathering only
-        over TP inside each PP stage (``megatron_rl.model.export``), never over the world.
-        """
-        from megatron_rl.model.export import gather_hf
-
-        return gather_hf(self)
-
-    def load_hf_state_dict(self, hf_sd: dict[str, Tensor]) -> None:
-        """Load this rank's share of a full HF-layout state dict (every rank passes the same)."""
-        convert.check_hf_state_dict(hf_sd, self.cfg, "Policy.load_hf_state_dict")
-        shard = convert.hf_to_megatron_rank(
-            hf_sd,
-            self.cfg,
-            self.dist.tp,
-            self.dist.tp_rank,
-            self.dist.pp,
-            self.dist.pp_rank,
-            spec=self.spec,
-        )
-        device = self.dist.device
-        self.load_model_state_shard({k: v.to(device) for k, v in shard.items()})

@@ -15,7 +15,7 @@ class RewardsConfig:
 
     truncated_reward: float | None = None  # reward for truncated responses (None: score as is)
     sandbox_timeout_s: float = 10.0  # wall-time limit per code execution
-    sandbox_memory_mb: int = 512  # memory limit per code execution
+    sandbox_memory_mb: int = 512  # memory limit per sandboxed process and, with a cgroup, sandbox
     sandbox_workers: int = 0  # parallel sandbox executions (0: number of cores)
     allow_unsandboxed: bool = False  # run code without isolation (loudly logged; never default)
     sandbox_max_procs: int = 8  # processes (and threads) per sandboxed program

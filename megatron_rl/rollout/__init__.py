@@ -5,6 +5,8 @@
 Engine modules are imported on first ``build_engine`` call, so importing this package is cheap.
 """
 
+from typing import Any
+
 from megatron_rl.rollout.base import (
     ENGINES,
     Completion,
@@ -15,7 +17,15 @@ from megatron_rl.rollout.base import (
     build_engine,
     register_engine,
 )
-from megatron_rl.rollout.weight_sync import sync_weights
+
+
+def __getattr__(name: str) -> Any:  # sync_weights imports torch: only when asked for
+    if name == "sync_weights":
+        from megatron_rl.rollout.weight_sync import sync_weights
+
+        return sync_weights
+    raise AttributeError(name)
+
 
 __all__ = [
     "ENGINES",

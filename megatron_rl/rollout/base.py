@@ -77,12 +77,19 @@ class GenRequest:
 
 @dataclass
 class Completion:
-    """One sampled completion: ``len(token_ids) == len(logprobs)``."""
+    """One sampled completion: ``len(token_ids) == len(logprobs)``.
+
+    ``routed_experts`` (MoE models, engines started with ``rollout.return_routed_experts``): the
+    experts the engine chose for every token it ran, ``[len(prompt) + len(token_ids) - 1, L, k]``
+    int32 (the prompt's tokens, then every sampled token but the last, which the engine never
+    fed back), in SGLang's and vLLM's convention. None otherwise.
+    """
 
     token_ids: list[int]
     text: str
     logprobs: list[float]
     finish_reason: FinishReason
+    routed_experts: Tensor | None = None
 
 
 class EngineStartError(RuntimeError):
@@ -98,6 +105,7 @@ class RolloutEngine(ABC):
     """
 
     stats: dict[str, float] = {}  # replaced (never mutated) by each generate call
+    routed_experts: bool = False  # completions carry ``routed_experts`` (set by the engine)
     vocab_size: int = 0  # token ids must be in [0, vocab_size) (local engines set it)
     context_len: int | None = None  # most positions, prompt + completion (None: unknown)
 
@@ -213,11 +221,17 @@ def load_builtin_engines() -> None:
 
 
 def build_engine(cfg: RolloutConfig, model_dir: str, seed: int) -> RolloutEngine:
-    """Start the engine named by ``cfg.engine`` on the HF-layout model in ``model_dir``."""
+    """Start the engine named by ``cfg.engine`` on the HF-layout model in ``model_dir``; with
+    ``cfg.process == "own"`` in a child process (``process_engine.ProcessEngine``, its torch
+    threads ``cfg.threads`` or 1)."""
     load_builtin_engines()
     if cfg.engine not in ENGINES:
         raise ValueError(
             f"rollout.engine={cfg.engine!r} is not a registered engine; "
             f"choose one of {sorted(ENGINES)}"
         )
+    if cfg.process == "own" and cfg.engine != "sglang":  # the same engine, in a child process
+        from megatron_rl.rollout.process_engine import ProcessEngine
+
+        return ProcessEngine(cfg, model_dir, seed, cfg.threads or 1)
     return ENGINES[cfg.engine](cfg, model_dir, seed)  # type: ignore[call-arg]

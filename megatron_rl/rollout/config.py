@@ -21,10 +21,20 @@ class SGLangConfig:
     master_addr: str = ""  # distributed sync: address of trainer rank 0 ('' -> this host)
     master_port: int = 29600  # distributed sync: TCP port of the weight-update process group
     engine_tp: int = 0  # distributed sync: ranks per server (0: slurm.gpus_per_server, else 1)
-    group_timeout_s: float = 600.0  # distributed sync: rendezvous/broadcast timeout, seconds
+    group_timeout_s: float = 120.0  # distributed sync: group rendezvous timeout, seconds
+    bucket_timeout_s: float = 60.0  # distributed sync: most seconds one bucket's broadcast may
+    # take (both ends); a server that died or never joined costs this, then a rebuild
     group_retries: int = 3  # distributed sync: rebuilds of a group that failed to form
     record_weights: bool = True  # distributed sync: also write each version to sync_dir, so a
-    # restarted server loads it before it takes traffic (sglang_weights.py)
+    # restarted server loads it before it takes traffic (written in the background)
+    deterministic: bool = False  # servers honour each sample's sampling_seed (SGLang's
+    # --enable-deterministic-inference, slower on GPUs); off: each server's own seeded stream
+    router_policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = (
+        "cache_aware"  # sglang-router --policy (docs/serving.md has the measurement)
+    )
+    health_check_timeout_s: float = 300.0  # how long a health check may wait for a server
+    # (router and SGLANG_HEALTH_CHECK_TIMEOUT): longer than the longest weight update, which
+    # holds the server's update lock that the one-token check waits on
 
     def validate(self) -> None:
         if self.max_concurrency < 1:
@@ -39,6 +49,9 @@ class SGLangConfig:
             raise ValueError(
                 "rollout.sglang.engine_tp and group_retries must be >= 0, group_timeout_s > 0"
             )
+        for key in ("bucket_timeout_s", "health_check_timeout_s", "connect_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"rollout.sglang.{key} must be > 0, got {getattr(self, key)}")
 
     def ranks_per_server(self) -> int:
         """Ranks one server holds in the weight-update group (engine_tp, 1 when unset)."""
@@ -50,6 +63,11 @@ class RolloutConfig:
     """Which engine generates completions, and how."""
 
     engine: str = "hf"  # registered engine name: 'hf' (transformers), 'vllm', 'sglang'
+    process: Literal["auto", "same", "own"] = "auto"  # where an embedded engine (hf, vllm) runs:
+    # 'same' (the trainer's process), 'own' (a child process, rollout/process_engine.py),
+    # 'auto' ('own' with rl.off_policy, so generation overlaps training; else 'same')
+    threads: int = 0  # torch CPU threads of an engine in its own process (0: the cores that
+    # train.threads leaves, at least 1)
     max_new_tokens: int = 64  # response length cap, tokens
     top_p: float = 1.0  # nucleus sampling
     stop: list[str] = field(default_factory=list)  # stop strings (besides the EOS token)
@@ -64,6 +82,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5  # vLLM on GPU: fraction of GPU memory it may take
     urls: list[str] = field(default_factory=list)  # router/server URLs for remote engines
     request_timeout_s: float = 300.0  # per HTTP request, remote engines
+    return_routed_experts: bool = False  # MoE: record the experts chosen for every token (the
+    # RL loop turns it on for rl.routing_replay=rollout; SGLang's --enable-return-routed-experts)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # remote SGLang client
 
     def validate(self) -> None:
@@ -78,6 +98,10 @@ class RolloutConfig:
             )
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"rollout.block_size must be >= 1 or null, got {self.block_size}")
+        if self.process not in ("auto", "same", "own"):
+            raise ValueError(f"rollout.process must be auto, same or own, got {self.process!r}")
+        if self.threads < 0:
+            raise ValueError(f"rollout.threads must be >= 0, got {self.threads}")
         if self.sync_every < 1:
             raise ValueError(f"rollout.sync_every must be >= 1, got {self.sync_every}")
         if self.sglang.weight_sync == "distributed" and self.sync_mode != "memory":

@@ -20,10 +20,16 @@ How a ``generate`` call runs:
 
 Log-probs follow the convention in :mod:`megatron_rl.rollout.base`: ``log_softmax(logits / T)``
 of the sampled token, renormalised over the nucleus when ``top_p < 1``, untempered when greedy.
+
+Routed experts (MoE models, ``rollout.return_routed_experts``): a forward hook on every layer's
+router (``mlp.gate``, which returns the top-k indices) records its choices; each completion gets
+its prompt's routing from the prefill and one row per decode step in which it was fed its own
+latest token: ``[prompt + completion - 1, L, k]``, as SGLang returns them.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +71,34 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
     text: str | None = None  # set when a stop string cut it
+    routes: list[Tensor] = field(default_factory=list)  # [n, L, k] chunks (routed experts)
+
+
+class _RouteRecorder:
+    """Forward hooks on an HF MoE model's routers; :meth:`take` returns the last forward's
+    choices ``[N, L, k]`` (N: the batch's tokens, batch-major)."""
+
+    def __init__(self, model: Any) -> None:
+        layers = getattr(getattr(model, "model", None), "layers", None) or []
+        gates: list[Any] = [getattr(getattr(x, "mlp", None), "gate", None) for x in layers]
+        if not gates or any(g is None or not hasattr(g, "top_k") for g in gates):
+            raise ValueError("rollout.return_routed_experts=true needs an MoE model whose every "
+                             "layer has a top-k router (mlp.gate), e.g. Qwen3-MoE")  # fmt: skip
+        self._last: list[Tensor | None] = [None] * len(gates)
+        for i, gate in enumerate(gates):
+            gate.register_forward_hook(self._hook(i))
+
+    def _hook(self, i: int) -> Any:
+        def save(module: Any, args: Any, out: Any) -> None:
+            self._last[i] = out[2].detach()  # (logits, weights, indices)
+
+        return save
+
+    def take(self) -> Tensor:
+        assert all(t is not None for t in self._last), "a router did not run"
+        out = torch.stack(self._last, dim=1).to("cpu", torch.int32)  # type: ignore[arg-type]
+        self._last = [None] * len(self._last)
+        return out
 
 
 def nucleus_filter(scaled_logits: Tensor, top_p: float) -> Tensor:
@@ -118,6 +152,13 @@ class HFEngine(RolloutEngine):
         self.eos_ids = _eos_ids(self.tokenizer.eos_token_id, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else min(self.eos_ids, default=0)
+        self.routed_experts = cfg.return_routed_experts
+        self._routes: _RouteRecorder | None = None
+        if self.routed_experts:
+            try:
+                self._routes = _RouteRecorder(self.model)
+            except ValueError as e:
+                raise EngineStartError(f"rollout engine 'hf' on {model_dir!r}: {e}") from e
 
     # ------------------------------------------------------------------------------------------
     # generation
@@ -169,6 +210,10 @@ class HFEngine(RolloutEngine):
         unique: dict[tuple[int, ...], int] = {}
         of_request = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in reqs]
         logits, cache, attn, pos = self._prefill([list(p) for p in unique])
+        if self._routes is not None:
+            prompt_routes = self._prompt_routes([list(p) for p in unique])
+            for row in rows:
+                row.routes.append(prompt_routes[of_request[row.request]])
         expand = torch.tensor([of_request[row.request] for row in rows], device=self.device)
         cache.batch_select_indices(expand)
         logits, attn, pos = logits[expand], attn[expand], pos[expand]
@@ -197,7 +242,23 @@ class HFEngine(RolloutEngine):
                 use_cache=True,
             )
             logits, cache = out.logits[:, -1].float(), out.past_key_values
+            if self._routes is not None:  # each live row was fed its own latest token
+                step = self._routes.take()
+                for k, i in enumerate(batch):
+                    if rows[i].finish is None:
+                        rows[i].routes.append(step[k : k + 1])
         return self._completions(rows, len(reqs))
+
+    def _prompt_routes(self, prompts: list[list[int]]) -> list[Tensor]:
+        """Each prompt's routing in the (left-padded) prefill that just ran: ``[len, L, k]``."""
+        assert self._routes is not None
+        width = max(len(p) for p in prompts)
+        routes = self._routes.take().view(len(prompts), width, *self._routes_shape())
+        return [routes[g, width - len(p) :] for g, p in enumerate(prompts)]
+
+    def _routes_shape(self) -> tuple[int, int]:
+        cfg = self.model.config
+        return int(cfg.num_hidden_layers), int(cfg.num_experts_per_tok)
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[Tensor, Any, Tensor, Tensor]:
         """Left-padded prompt forward -> (last logits [G, V], cache, mask [G, L], last pos [G])."""
@@ -252,7 +313,8 @@ class HFEngine(RolloutEngine):
         for row in rows:
             assert row.finish is not None
             text = row.text if row.text is not None else self._decode(row.tokens)
-            out[row.request].append(Completion(row.tokens, text, row.logprobs, row.finish))
+            routes = torch.cat(row.routes) if self._routes is not None else None
+            out[row.request].append(Completion(row.tokens, text, row.logprobs, row.finish, routes))
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -261,6 +323,7 @@ class HFEngine(RolloutEngine):
     def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
         start = time.perf_counter()
         own = self.model.state_dict()
+        hf_state_dict = fuse_experts(hf_state_dict, own)
         unexpected = sorted(set(hf_state_dict) - set(own))
         missing = set(own) - set(hf_state_dict)
         if self.model.config.tie_word_embeddings:
@@ -287,6 +350,36 @@ class HFEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         self.model = None  # type: ignore[assignment]
+
+
+_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+
+
+def fuse_experts(sd: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-expert HF tensors -> the fused layout transformers 5 keeps an MoE in memory.
+
+    Checkpoints (and the trainer's export) hold ``...experts.{e}.gate_proj/up_proj/down_proj``;
+    the loaded model holds ``...experts.gate_up_proj`` ``[E, 2F, H]`` (each expert's gate rows,
+    then its up rows) and ``...experts.down_proj`` ``[E, H, F]``. Other tensors pass unchanged.
+    """
+    out: dict[str, Tensor] = {}
+    parts: dict[str, dict[tuple[int, str], Tensor]] = {}
+    for name, t in sd.items():
+        m = _EXPERT.fullmatch(name)
+        if m and f"{m[1]}.gate_up_proj" in own:
+            parts.setdefault(m[1], {})[(int(m[2]), m[3])] = t
+        else:
+            out[name] = t
+    for prefix, p in parts.items():
+        n = own[f"{prefix}.gate_up_proj"].shape[0]
+        missing = [f"{prefix}.{e}.{w}.weight" for e in range(n)
+                   for w in ("gate_proj", "up_proj", "down_proj") if (e, w) not in p]  # fmt: skip
+        if missing:
+            raise ValueError(f"hf engine: missing expert weight(s) {missing[:3]}")
+        gate_up = [torch.cat([p[(e, "gate_proj")], p[(e, "up_proj")]]) for e in range(n)]
+        out[f"{prefix}.gate_up_proj"] = torch.stack(gate_up)
+        out[f"{prefix}.down_proj"] = torch.stack([p[(e, "down_proj")] for e in range(n)])
+    return out
 
 
 def _eos_ids(tokenizer_eos: int | None, generation_config: object) -> set[int]:

@@ -8,8 +8,10 @@ launchers run end to end without a GPU. Endpoints (schemas in :mod:`.sglang_sche
   one per prompt, ``n`` completions each), ``return_logprob``; the response is one object for a
   single prompt with ``n == 1``, else a list in prompt-major order (prompt 0's ``n`` samples,
   then prompt 1's...), as SGLang returns them.
-* ``GET /health``, ``GET /health_generate`` (a one-token generation through the batcher),
-  ``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /update_weights_from_disk``,
+* ``GET /health`` and ``GET /health_generate``: a one-token generation that waits on the
+  ``model_update_lock`` like every request (:mod:`.server_lock`), so a health check during a
+  weight update waits for it, as on SGLang; ``GET|POST /flush_cache``, ``POST /abort_request``
+  (one rid, or ``abort_all``), ``POST /update_weights_from_disk``,
   ``GET /get_model_info`` and ``/get_server_info`` (plus the ``/model_info`` and
   ``/server_info`` spellings sglang-router 0.3.2 probes when a worker registers);
 * SGLang's distributed weight update over gloo (:mod:`.server_weights`):
@@ -28,6 +30,12 @@ worker thread, which also runs weight updates, so an update never races a batch.
 a batch already inside the engine finishes there and its result for them is dropped.
 ``/update_weights_from_disk`` is not implemented by SGLang's ``load_format`` machinery: it calls
 the engine's ``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
+
+Sampling seeds as SGLang applies them (``SamplingBatchInfo.from_schedule_batch``): a request's
+``sampling_seed`` is honoured only when the server runs with ``--enable-deterministic-inference``
+(``deterministic=True``); otherwise every sample follows the server's own seeded stream
+(``--random-seed``, the engine seed), so two servers started with the same seed draw the same
+samples for the same prompt. ``/get_server_info`` reports both settings under SGLang's names.
 """
 
 from __future__ import annotations
@@ -46,7 +54,16 @@ from aiohttp import web
 
 from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
-from megatron_rl.rollout.server_requests import Limits, ParsedGenerate, parse_generate
+from megatron_rl.rollout.server_lock import RWLock, health_timeout_s
+from megatron_rl.rollout.server_requests import (
+    Limits,
+    ParsedGenerate,
+    aborted,
+    completion_to_sglang,
+    error_response,
+    parse_generate,
+    stream_response,
+)
 from megatron_rl.rollout.server_requests import to_gen_request as to_gen_request  # re-export
 from megatron_rl.rollout.server_weights import WeightReceiver
 
@@ -74,53 +91,34 @@ class _Pending:
     future: asyncio.Future[list[Completion]] = field(repr=False)
 
 
-def completion_to_sglang(
-    c: Completion, rid: str, prompt_len: int, return_logprob: bool, weight_version: str
-) -> dict[str, Any]:
-    """One SGLang ``/generate`` output object for one completion."""
-    finish: dict[str, Any]
-    if c.finish_reason == "length":
-        finish = {"type": "length", "length": len(c.token_ids)}
-    elif c.finish_reason == "abort":
-        finish = {"type": "abort", "message": "aborted"}
-    else:
-        finish = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
-    meta: dict[str, Any] = {
-        "id": rid,
-        "finish_reason": finish,
-        "prompt_tokens": prompt_len,
-        "completion_tokens": len(c.token_ids),
-        "cached_tokens": 0,
-        "weight_version": weight_version,
-    }
-    if return_logprob:
-        meta["output_token_logprobs"] = [
-            [float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids, strict=True)
-        ]
-    return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
-
-
-def _aborted(n: int) -> list[Completion]:
-    return [Completion(token_ids=[], text="", logprobs=[], finish_reason="abort")] * n
-
-
 class EmbeddedServer:
     """SGLang-native HTTP front for one engine. ``app()`` gives the aiohttp application."""
 
-    def __init__(self, engine: RolloutEngine, model_path: str, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        model_path: str,
+        max_batch: int = 256,
+        deterministic: bool = False,
+        bucket_timeout_s: float = 60.0,
+    ) -> None:
         self.engine = engine
         self.model_path = model_path
         self.max_batch = max_batch  # most sequences (prompts x n) per engine call
+        self.deterministic = deterministic  # honour sampling_seed (SGLang's deterministic mode)
+        self.lock = RWLock()  # SGLang's model_update_lock: requests read, weight updates write
         self.weight_version = "default"
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.inflight: dict[str, list[_Pending]] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
-        self.stats |= {"batch_splits": 0, "failed": 0}
-        self.limits = Limits(engine.vocab_size or None, engine.context_len, max_batch)
+        self.stats |= {"batch_splits": 0, "failed": 0, "abort_requests": 0, "health_checks": 0}
+        self.limits = Limits(
+            engine.vocab_size or None, engine.context_len, max_batch, engine.routed_experts
+        )
         self._tokenizer: Any = None
         self._batcher: asyncio.Task[None] | None = None
-        self.receiver = WeightReceiver(self)  # /init_weights_update_group and friends
+        self.receiver = WeightReceiver(self, bucket_timeout_s)  # /init_weights_update_group...
 
     # ---- batching -------------------------------------------------------------------------
     async def _run_batches(self) -> None:
@@ -211,13 +209,17 @@ class EmbeddedServer:
             parsed = await self._parse_generate(request)
             self.check_new_rids(parsed.rids)
         except ValueError as e:
-            return _error(400, str(e))
+            return error_response(400, str(e))
         self.stats["requests"] += 1
-        subs = [self._submit(r, q) for r, q in zip(parsed.rids, parsed.requests, strict=True)]
-        results = await asyncio.gather(*subs, return_exceptions=True)
+        if not self.deterministic:  # SGLang ignores sampling_seed outside deterministic mode
+            for q in parsed.requests:
+                q.params.seed = None
+        async with self.lock.reader():  # held for the request's life, as SGLang holds it
+            subs = [self._submit(r, q) for r, q in zip(parsed.rids, parsed.requests, strict=True)]
+            results = await asyncio.gather(*subs, return_exceptions=True)
         for res in results:
             if isinstance(res, EngineFailure):
-                return _error(res.status, str(res))
+                return error_response(res.status, str(res))
             if isinstance(res, BaseException):
                 raise res
         outs = []
@@ -225,12 +227,11 @@ class EmbeddedServer:
             for j, c in enumerate(comps):  # type: ignore[arg-type]
                 sub = rid if req.params.n == 1 else f"{rid}-{j}"
                 outs.append(
-                    completion_to_sglang(
-                        c, sub, len(req.prompt_ids), parsed.return_logprob, self.weight_version
-                    )
-                )
+                    completion_to_sglang(c, sub, len(req.prompt_ids), parsed.return_logprob,
+                                         self.weight_version, parsed.return_routed_experts)
+                )  # fmt: skip
         if parsed.stream:
-            return await _stream(request, outs)
+            return await stream_response(request, outs)
         return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)
 
     async def _parse_generate(self, request: web.Request) -> ParsedGenerate:
@@ -261,13 +262,17 @@ class EmbeddedServer:
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
         sglang_schema.validate("abort_request", body)
-        rids = list(self.inflight) if body.get("abort_all") else [body.get("rid") or ""]
-        for rid in rids:
-            for p in list(self.inflight.get(rid, [])):
-                if not p.future.done():
-                    p.future.set_result(_aborted(p.request.params.n))
-                    self.stats["aborted"] += 1
+        self.stats["abort_requests"] += 1
+        self.abort(None if body.get("abort_all") else body.get("rid") or "")
         return web.json_response({"success": True})
+
+    def abort(self, rid: str | None) -> None:
+        """Answer ``rid`` (every request in flight when None: ``abort_all``) as aborted."""
+        for r in list(self.inflight) if rid is None else [rid]:
+            for p in list(self.inflight.get(r, [])):
+                if not p.future.done():
+                    p.future.set_result(aborted(p.request.params.n))
+                    self.stats["aborted"] += 1
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -277,10 +282,13 @@ class EmbeddedServer:
             return web.json_response({"success": False, "message": str(e)}, status=400)
         loop = asyncio.get_running_loop()
         path = body["model_path"]
+        if body.get("abort_all_requests"):
+            self.abort(None)
         try:
-            secs = await loop.run_in_executor(
-                self.executor, self.engine.update_weights_from_disk, path
-            )
+            async with self.lock.writer_lock():  # for the whole load, as SGLang holds it
+                secs = await loop.run_in_executor(
+                    self.executor, self.engine.update_weights_from_disk, path
+                )
         except Exception as e:
             log.exception("update_weights_from_disk(%s) failed", path)
             msg = f"update_weights_from_disk({path}) failed: {e}"
@@ -292,14 +300,19 @@ class EmbeddedServer:
         return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="OK")
+        """``/health`` = ``/health_generate`` (SGLang's ``health_generate``): one token, behind
+        the update lock; 503 when nothing came back within ``SGLANG_HEALTH_CHECK_TIMEOUT`` s."""
+        req = GenRequest(prompt_ids=[0], params=SamplingParams(max_tokens=1, temperature=0.0))
+        self.stats["health_checks"] += 1
 
-    async def health_generate(self, request: web.Request) -> web.Response:
-        req = GenRequest(prompt_ids=[0], params=SamplingParams(max_tokens=1, seed=0))
+        async def one_token() -> None:
+            async with self.lock.reader():
+                await self._submit(f"HEALTH_CHECK_{uuid.uuid4().hex}", req)
+
         try:
-            await asyncio.wait_for(self._submit(f"health-{uuid.uuid4().hex}", req), 60)
+            await asyncio.wait_for(one_token(), health_timeout_s())
         except Exception as e:
-            return web.Response(status=503, text=f"health_generate failed: {e}")
+            return web.Response(status=503, text=f"health check failed: {e!r}")
         return web.Response(text="OK")
 
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -314,6 +327,8 @@ class EmbeddedServer:
     async def server_info(self, request: web.Request) -> web.Response:
         info: dict[str, Any] = {"model_path": self.model_path, "engine": type(self.engine).__name__}
         info |= {"pid": os.getpid(), "weight_version": self.weight_version, "stats": self.stats}
+        info |= {"random_seed": getattr(self.engine, "seed", None)}  # SGLang's server_args names
+        info |= {"enable_deterministic_inference": self.deterministic}
         return web.json_response(info)
 
     # ---- application ----------------------------------------------------------------------
@@ -322,7 +337,7 @@ class EmbeddedServer:
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_get("/health", self.health)
-        r.add_get("/health_generate", self.health_generate)
+        r.add_get("/health_generate", self.health)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_post("/abort_request", self.abort_request)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
@@ -345,28 +360,10 @@ class EmbeddedServer:
         self.engine.shutdown()
 
 
-async def _stream(request: web.Request, outs: list[dict[str, Any]]) -> web.StreamResponse:
-    """``stream: true`` as SGLang answers it (sglang/srt/entrypoints/http_server.py,
-    ``generate_request``): ``text/event-stream`` of ``data: <output JSON>`` events, then
-    ``data: [DONE]``. The engine finishes a batch at once, so each output is one event holding
-    its whole text, token ids and log-probs (SGLang's last, cumulative chunk)."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    for out in outs:
-        await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
-
-
-def _error(status: int, message: str) -> web.Response:
-    """SGLang's error body: ``{"error": {"message": ...}}``."""
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-def serve(engine: RolloutEngine, model_path: str, host: str, port: int, max_batch: int) -> None:
-    """Serve until SIGINT/SIGTERM; the engine is shut down on the way out."""
-    server = EmbeddedServer(engine, model_path, max_batch=max_batch)
+def serve(engine: RolloutEngine, model_path: str, host: str, port: int, **kw: Any) -> None:
+    """Serve until SIGINT/SIGTERM; the engine is shut down on the way out. ``kw``: the
+    :class:`EmbeddedServer` settings (max_batch, deterministic, bucket_timeout_s)."""
+    server = EmbeddedServer(engine, model_path, **kw)
     t0 = time.monotonic()
     log.info("embedded SGLang-compatible server on http://%s:%d (model %s)", host, port, model_path)
     # shutdown_timeout: the router holds keep-alive connections; do not wait for them on exit.

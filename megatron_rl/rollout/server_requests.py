@@ -22,14 +22,17 @@ rejected by the schema (:mod:`.sglang_schema`) with the field named.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from megatron_rl.rollout import sglang_schema
-from megatron_rl.rollout.base import GenRequest, SamplingParams, check_request
+from megatron_rl.rollout.base import Completion, GenRequest, SamplingParams, check_request
 
 _TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary" top_k
 _GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a lower temperature means greedy
@@ -43,6 +46,7 @@ class Limits:
     vocab_size: int | None  # token ids must be in [0, vocab_size) (None: unchecked)
     context_len: int | None  # prompt + max_new_tokens at most this (None: unchecked)
     max_n: int  # most completions (n) per prompt: the server's batch size
+    routed_experts: bool = False  # the engine records routed experts (--enable-return-...)
 
 
 @dataclass
@@ -54,6 +58,7 @@ class ParsedGenerate:
     single: bool  # one prompt given as a flat list / string: answer with one object
     return_logprob: bool
     stream: bool = False  # answer as server-sent events (one chunk per output, then [DONE])
+    return_routed_experts: bool = False  # meta_info["routed_experts"] (MoE), as SGLang
 
 
 def precheck_size(body: Any, limits: Limits) -> None:
@@ -78,6 +83,11 @@ def parse_generate(
     precheck_size(body, limits)
     sglang_schema.validate("generate", body)
     sglang_schema.check_supported_generate(body)
+    routed = bool(body.get("return_routed_experts"))
+    if routed and not limits.routed_experts:
+        raise ValueError("return_routed_experts: this server does not record routed experts "
+                         "(start it as SGLang with --enable-return-routed-experts; here: "
+                         "rollout.return_routed_experts=true, an MoE model)")  # fmt: skip
     prompts, single = _prompts(body, tokenize)
     sps = _sampling_params(body, len(prompts))
     rids = _rids(body.get("rid"), len(prompts), single)
@@ -91,7 +101,7 @@ def parse_generate(
             raise ValueError(f"{where}{e}") from None
         requests.append(req)
     return ParsedGenerate(
-        requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream"))
+        requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream")), routed
     )
 
 
@@ -183,3 +193,60 @@ def _rids(rid: Any, n_prompts: int, single: bool) -> list[str]:
     if single:
         return [rid or uuid.uuid4().hex]
     return [f"{rid}-{i}" if rid else uuid.uuid4().hex for i in range(n_prompts)]
+
+
+# ---- responses --------------------------------------------------------------------------
+def completion_to_sglang(
+    c: Completion,
+    rid: str,
+    prompt_len: int,
+    return_logprob: bool,
+    weight_version: str,
+    return_routed_experts: bool = False,
+) -> dict[str, Any]:
+    """One SGLang ``/generate`` output object for one completion."""
+    finish: dict[str, Any]
+    if c.finish_reason == "length":
+        finish = {"type": "length", "length": len(c.token_ids)}
+    elif c.finish_reason == "abort":
+        finish = {"type": "abort", "message": "aborted"}
+    else:
+        finish = {"type": "stop", "matched": c.token_ids[-1] if c.token_ids else None}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_len,
+        "completion_tokens": len(c.token_ids),
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [float(lp), int(t), None] for lp, t in zip(c.logprobs, c.token_ids, strict=True)
+        ]
+    if return_routed_experts and c.routed_experts is not None:  # base64 int32, as SGLang
+        meta["routed_experts"] = sglang_schema.encode_routed_experts(c.routed_experts)
+    return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
+
+
+def aborted(n: int) -> list[Completion]:
+    return [Completion(token_ids=[], text="", logprobs=[], finish_reason="abort")] * n
+
+
+async def stream_response(request: web.Request, outs: list[dict[str, Any]]) -> web.StreamResponse:
+    """``stream: true`` as SGLang answers it (sglang/srt/entrypoints/http_server.py,
+    ``generate_request``): ``text/event-stream`` of ``data: <output JSON>`` events, then
+    ``data: [DONE]``. The engine finishes a batch at once, so each output is one event holding
+    its whole text, token ids and log-probs (SGLang's last, cumulative chunk)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for out in outs:
+        await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """SGLang's error body: ``{"error": {"message": ...}}``."""
+    return web.json_response({"error": {"message": message}}, status=status)

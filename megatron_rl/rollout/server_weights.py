@@ -7,7 +7,16 @@
   one bucket (``names``/``dtypes``/``shapes``) from rank 0's broadcasts, in that order;
 * ``POST /destroy_weights_update_group`` (``DestroyWeightsUpdateGroupReqInput``).
 
-Answers are SGLang's: ``{"success": bool, "message": str}``, HTTP 200 or 400.
+Answers are SGLang's: ``{"success": bool, "message": str}``, HTTP 200 or 400. Each bucket's POST
+holds the server's update lock as the writer (:mod:`.server_lock`), as SGLang's does, after
+aborting the requests in flight when asked to (``abort_all_requests``).
+
+Faults, as SGLang behaves when its NCCL group is contained (docs/serving.md): a bucket whose
+broadcast fails (a peer died, rank 0 aborted the group) or does not complete within
+``bucket_timeout_s`` is answered ``success: false`` and its group is dropped; a new
+``/init_weights_update_group`` drops every group the server still holds (the stale group of a
+broadcast that a dead member broke), so a survivor joins the rebuilt group at once. Dropped
+groups are aborted on a thread of their own, never on the event loop.
 
 One difference from SGLang, which loads each bucket into the model at once: the hf/vLLM-CPU
 engines take whole state dicts, so buckets are staged and applied together at the bucket sent
@@ -19,6 +28,7 @@ rendezvous never stalls generation; applying runs on the engine's thread, betwee
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -39,9 +49,11 @@ log = logging.getLogger(__name__)
 class WeightReceiver:
     """The server's end of the weight-update group(s); one per :class:`EmbeddedServer`."""
 
-    def __init__(self, server: EmbeddedServer) -> None:
+    def __init__(self, server: EmbeddedServer, bucket_timeout_s: float = 60.0) -> None:
         self.server = server
+        self.timeout = datetime.timedelta(seconds=bucket_timeout_s)  # per bucket and per join
         self.groups: dict[str, Any] = {}  # group name -> process group
+        self.left: dict[str, asyncio.Event] = {}  # group name -> set when the server left it
         self.staged: dict[str, Tensor] = {}  # received, not yet applied
         self.held: dict[str, Tensor] | None = None  # the full weights the engine holds
         self.held_path = server.model_path  # where they came from (None once updated)
@@ -67,8 +79,7 @@ class WeightReceiver:
         try:
             b = await self._body(request, "init_weights_update_group")
             name = b.get("group_name", "weight_update_group")
-            if name in self.groups:
-                raise ValueError(f"weight-update group {name!r} already exists on this server")
+            self.leave_all(f"a new group {name!r} is being built")
             pg = await asyncio.get_running_loop().run_in_executor(
                 self.thread,
                 lambda: weight_group.server_group(
@@ -78,6 +89,7 @@ class WeightReceiver:
                     int(b["world_size"]),
                     name,
                     "gloo",  # the CPU stand-in for SGLang's backend (nccl on GPUs)
+                    self.timeout,
                 ),
             )
         except Exception as e:
@@ -95,18 +107,43 @@ class WeightReceiver:
         pg = self.groups.pop(name, None)
         if pg is None:
             return _answer(False, f"no weight-update group {name!r} on this server")
-        weight_group.destroy(pg)  # here, not on self.thread: a receive there may be stuck
+        weight_group.destroy_later(pg)  # a receive in it may be stuck: never wait for it here
         return _answer(True, f"destroyed {name}")
 
+    def leave_all(self, why: str) -> None:
+        """Drop every group this server holds (aborted on their own threads)."""
+        for name, pg in list(self.groups.items()):
+            log.warning("leaving weight-update group %s: %s", name, why)
+            self.groups.pop(name, None)
+            self.left.pop(name, asyncio.Event()).set()  # a receive in it stops waiting
+            weight_group.destroy_later(pg)
+
     async def update_from_distributed(self, request: web.Request) -> web.Response:
-        loop = asyncio.get_running_loop()
         try:
             b = await self._body(request, "update_weights_from_distributed")
             name = b.get("group_name", "weight_update_group")
-            pg = self.groups.get(name)
-            if pg is None:
+            if name not in self.groups:
                 raise ValueError(f"no weight-update group {name!r}; call init first")
-            got = await loop.run_in_executor(
+            if b.get("abort_all_requests"):
+                self.server.abort(None)
+            async with self.server.lock.writer_lock():  # this bucket's POST, as in SGLang
+                await self._receive(name, b)
+        except Exception as e:
+            log.warning("update_weights_from_distributed failed: %s", e)
+            return _answer(False, f"Failed to update weights: {e}")
+        if b.get("flush_cache", True):
+            self.server.weight_version = b.get("weight_version") or self.server.weight_version
+            self.server.stats["weight_updates"] += 1
+        return _answer(True, f"received {len(b['names'])} tensors")
+
+    async def _receive(self, name: str, b: dict[str, Any]) -> None:
+        """One bucket into ``staged`` (applied at ``flush_cache``); a failed or late broadcast
+        drops the group: rank 0 builds a new one, which this server then joins."""
+        loop = asyncio.get_running_loop()
+        pg = self.groups[name]
+        left = self.left.setdefault(name, asyncio.Event())
+        try:
+            receive = loop.run_in_executor(
                 self.thread,
                 weight_group.receive_bucket,
                 pg,
@@ -114,17 +151,23 @@ class WeightReceiver:
                 b["dtypes"],
                 b["shapes"],
                 "cpu",
+                self.timeout,
             )
-            self.staged.update(got)
-            if b.get("flush_cache", True):
-                await loop.run_in_executor(self.server.executor, self._apply)
-        except Exception as e:
-            log.exception("update_weights_from_distributed failed")
-            return _answer(False, f"Failed to update weights: {e}")
+            leaving: asyncio.Future[Any] = asyncio.ensure_future(left.wait())
+            waits: set[asyncio.Future[Any]] = {receive, leaving}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            leaving.cancel()
+            if not receive.done():  # a gloo receive cannot be interrupted: its thread waits
+                raise RuntimeError(f"left group {name!r}: a new group is being built")
+            got = receive.result()
+        except Exception:
+            self.groups.pop(name, None)
+            weight_group.destroy_later(pg)
+            self.staged = {}
+            raise
+        self.staged.update(got)
         if b.get("flush_cache", True):
-            self.server.weight_version = b.get("weight_version") or self.server.weight_version
-            self.server.stats["weight_updates"] += 1
-        return _answer(True, f"received {len(b['names'])} tensors")
+            await loop.run_in_executor(self.server.executor, self._apply)
 
     async def get_weights_by_name(self, request: web.Request) -> web.Response:
         """SGLang's ``GetWeightsByNameReqInput`` (``name``, ``truncate_size``): the first

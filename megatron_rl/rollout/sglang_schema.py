@@ -15,7 +15,13 @@ be imported here. These schemas were written by reading SGLang's own definitions
   ``id``, ``finish_reason`` (``{"type": "length", "length": n}``, ``{"type": "stop",
   "matched": token_id | str | null}`` or ``{"type": "abort", "message": ...}``),
   ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and, with ``return_logprob``,
-  ``output_token_logprobs`` as ``[logprob, token_id, text | null]`` triples.
+  ``output_token_logprobs`` as ``[logprob, token_id, text | null]`` triples;
+* routed experts (MoE): ``GenerateReqInput.return_routed_experts`` (io_struct.py), honoured by a
+  server started with ``--enable-return-routed-experts`` (``server_args.py``), answers
+  ``meta_info["routed_experts"]``: base64 of the int32 array ``[prompt + completion - 1,
+  num_hidden_layers, num_experts_per_tok]`` (``layers/moe/routed_experts_capturer.py`` keeps
+  one int32 row per KV slot; slime decodes it with ``np.frombuffer(..., np.int32)`` and that
+  reshape, ``slime/rollout/sglang_rollout.py``).
 
 SGLang's releases at the time were in the 0.5.x line (``version.py`` read ``0.5.3rc2`` in the
 stored snapshot); fields newer than our use are listed so that a real SGLang request validates.
@@ -41,7 +47,7 @@ from typing import Any
 
 import jsonschema
 
-SGLANG_SOURCE = "sgl-project/sglang io_struct.py@001067ff, sampling_params.py@00c17caf (0.5.x)"
+SGLANG_SOURCE = "sglang 0.5.23 io_struct.py / sampling_params.py (tests/test_sglang_io_struct.py)"
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -115,19 +121,22 @@ _GENERATE_USED = {
     "stream": _BOOL,
     "log_metrics": _BOOL,
     "model": _opt(_STR),  # added by sglang-router 0.3.2; not a GenerateReqInput field
+    "return_routed_experts": _BOOL,
 }
 _GENERATE_OTHER = (
     "session_id input_embeds image_data video_data audio_data mm_hashes mm_content_hashes "
     "use_audio_in_video video_config token_ids_logprob return_sampling_mask "
     "return_flat_raw_top_logprobs return_flat_raw_top_logprobs_b64 return_hidden_states "
-    "return_routed_experts routed_experts_start_len return_indexer_topk modalities "
+    "routed_experts_start_len return_indexer_topk modalities "
     "session_params lora_path lora_id custom_logit_processor positional_embed_overrides "
     "bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key decode_tp_size "
-    "routed_dp_rank data_parallel_rank disagg_prefill_dp_rank kv_router_hint routing_key "
+    "routed_dp_rank data_parallel_rank disagg_prefill_dp_rank routing_key "
     "conversation_id http_worker_ipc background require_reasoning max_thinking_tokens priority "
     "extra_key no_logs custom_labels return_bytes return_entropy return_prompt_token_ids "
     "external_trace_header received_time need_wait_for_mm_inputs num_items_assigned "
-    "encoder_urls max_dynamic_patch min_dynamic_patch image_max_dynamic_patch "
+    "encoder_urls max_dynamic_patch min_dynamic_patch image_max_dynamic_patch kv_hints "
+    "mm_processor_kwargs return_flat_raw_output_top_logprobs sampling_logprobs_mode "
+    "token_indices_to_pool watermark "
     "video_max_dynamic_patch images_config multi_item_delimiter_indices cache_salt"
 ).split()
 GENERATE_REQUEST = _obj({**_GENERATE_USED, **{k: _ANY for k in _GENERATE_OTHER}})
@@ -135,8 +144,7 @@ GENERATE_REQUEST = _obj({**_GENERATE_USED, **{k: _ANY for k in _GENERATE_OTHER}}
 # Fields the embedded server does not implement: accepted only at a falsy/None value.
 UNSUPPORTED_GENERATE_FIELDS = (
     "input_embeds image_data video_data audio_data token_ids_logprob return_hidden_states "
-    "return_routed_experts lora_path custom_logit_processor session_params return_entropy "
-    "return_sampling_mask"
+    "lora_path custom_logit_processor session_params return_entropy return_sampling_mask"
 ).split()
 
 _FINISH_REASON = {
@@ -191,6 +199,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "abort_all": _BOOL,
             "finished_reason": _opt({"type": "object"}),
             "abort_message": _opt(_STR),
+            "weight_versions": _ANY,  # 0.5.23: abort only requests of these versions
         }
     ),
     "update_weights_from_disk": _obj(
@@ -230,6 +239,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "abort_all_requests": _BOOL,
             "weight_version": _opt(_STR),
             "load_format": _opt(_STR),
+            "selector": _ANY,  # 0.5.23: which weights of a multi-model server (unchecked)
             "torch_empty_cache": _BOOL,
         },
         ("names", "dtypes", "shapes"),
@@ -272,3 +282,31 @@ def check_supported_generate(body: dict[str, Any]) -> None:
     for key in UNSUPPORTED_GENERATE_FIELDS:
         if body.get(key):
             raise ValueError(f"the embedded server does not support {key!r} in /generate")
+
+
+def encode_routed_experts(routes: Any) -> str:
+    """``meta_info["routed_experts"]``: base64 of the int32 ``[tokens - 1, layers, top-k]``."""
+    import base64
+
+    import torch
+
+    raw = torch.as_tensor(routes).to(torch.int32).contiguous().numpy().tobytes()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_routed_experts(meta: dict[str, Any], rows: int, shape: tuple[int, int]) -> Any:
+    """The int32 tensor ``[rows, layers, top-k]`` of ``meta_info["routed_experts"]``."""
+    import base64
+
+    import numpy as np
+    import torch
+
+    raw = meta.get("routed_experts")
+    if not isinstance(raw, str):
+        raise ValueError(f"rid {meta.get('id')}: no meta_info.routed_experts in the answer; "
+                         "start SGLang with --enable-return-routed-experts")  # fmt: skip
+    values = np.frombuffer(base64.b64decode(raw), dtype=np.int32)
+    if values.size != rows * shape[0] * shape[1]:
+        raise ValueError(f"rid {meta.get('id')}: routed_experts holds {values.size} ids, "
+                         f"expected {rows} x {shape[0]} x {shape[1]}")  # fmt: skip
+    return torch.from_numpy(values.copy()).view(rows, *shape)

@@ -7,18 +7,29 @@ Protocol (SGLang's HTTP API; group construction in :mod:`.weight_group`):
    hosts; the answers are awaited after the group is built (the rendezvous needs everyone).
 2. Per update and bucket (at most ``bucket_mb`` MiB): ``/update_weights_from_distributed`` with
    the bucket's ``names``/``dtypes``/``shapes`` to every server, then rank 0 broadcasts the
-   tensors in that order; ``flush_cache`` on the last bucket only.
+   tensors in that order; ``flush_cache`` on the last bucket only, ``abort_all_requests`` on
+   the first (nothing may hold a server's update lock while the group waits for it).
 
-Membership: the group holds the servers the router listed when it was built. Before every
-update the router's list is read again; when it changed (a server died; the fleet restarts
-servers on a *new* port, :mod:`launch.servers`), the group is torn down
-(``/destroy_weights_update_group`` on the survivors) and built again under a new name with every
-current server, so a restarted server rejoins before the next broadcast. A failed build (a
-server answered an error, or the rendezvous timed out) is retried ``group_retries`` times.
+Faults (docs/serving.md, "Weight-group faults"): no fault in the group may kill the controller
+or stall it for longer than one bucket's timeout.
+
+* Every bucket waits at most ``bucket_timeout_s`` for its broadcast and for the servers'
+  answers; a server that died, or accepted the group but never joins its (lazily created, on
+  NCCL) communicator, costs that long at most. NCCL faults raise here instead of tearing the
+  process down (:func:`.weight_group.contain_nccl_faults`).
+* A failed bucket aborts rank 0's end of the group, which releases the survivors blocked in it
+  (they also leave it on their own after the same timeout, or when the next
+  ``/init_weights_update_group`` comes); the group is never reused.
+* Members that no longer answer at all (connection refused: the process is gone) are left out
+  of the rebuild even while the router still lists them, and the whole update is sent again to
+  the rest: one retry, not a stall. A server the fleet restarts comes back on a new port, is
+  brought to the recorded version from disk before it is re-added, and joins the group at the
+  next update (membership is compared with the router's list before every update).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import itertools
 import logging
@@ -54,45 +65,57 @@ def reachable_addr(peer_url: str) -> str:
 
 
 class DistributedWeightSync:
-    """See the module docstring. ``post(url, body)`` returns a future of the JSON answer;
-    ``workers()`` lists the server URLs behind the router."""
+    """See the module docstring. ``post(url, body, timeout_s=None)`` returns a future of the
+    JSON answer; ``workers()`` lists the server URLs behind the router; ``alive(url)`` says
+    whether anything answers at ``url`` (default: always)."""
 
     GROUP = "weight_update_group"
 
     def __init__(
         self,
         cfg: SGLangConfig,
-        post: Callable[[str, dict[str, Any]], Any],
+        post: Callable[..., Any],
         workers: Callable[[], list[str]],
         router_url: str = "",
         backend: str | None = None,
         group: Any = None,
+        alive: Callable[[str], bool] | None = None,
     ) -> None:
         import torch
 
         self.cfg = cfg
         self.post = post
         self.workers = workers
+        self.alive = alive or (lambda url: True)
         self.addr = cfg.master_addr or reachable_addr(router_url)
         cuda = torch.cuda.is_available()
         self.backend = backend or ("nccl" if cuda else "gloo")
         self.device = "cuda" if self.backend == "nccl" else "cpu"
         self.group = group  # injected by tests (an object with broadcast(tensors))
         self.members: list[str] = list(workers()) if group is not None else []
+        self.dead: set[str] = set()  # listed by the router, but nothing answers there
         self.name = self.GROUP
         self.store: Any = None
         self.timeout = datetime.timedelta(seconds=cfg.group_timeout_s)
+        self.bucket_timeout = datetime.timedelta(seconds=cfg.bucket_timeout_s)
+        self.retries = 0  # updates sent again after a fault (a metric)
 
     @property
     def world_size(self) -> int:
         return 1 + len(self.members) * self.cfg.ranks_per_server()
 
     # ---- the group ------------------------------------------------------------------------
+    def current_members(self) -> list[str]:
+        """The router's servers, less those known dead (forgotten once the router drops them)."""
+        listed = sorted(self.workers())
+        self.dead &= set(listed)
+        return [u for u in listed if u not in self.dead]
+
     def ensure_group(self) -> None:
-        """Build the group, or rebuild it when the router's servers changed."""
-        members = sorted(self.workers())
+        """Build the group, or rebuild it when the servers changed."""
+        members = self.current_members()
         if not members:
-            raise RuntimeError("the router lists no rollout servers to send weights to")
+            raise RuntimeError("the router lists no live rollout servers to send weights to")
         if self.group is not None and members == self.members:
             return
         if self.group is not None:
@@ -104,14 +127,14 @@ class DistributedWeightSync:
                 return
             except Exception as e:
                 log.warning("weight-update group %s failed (attempt %d): %s", self.name, attempt, e)
-                self.teardown()
+                self._drop(members)
                 if attempt == self.cfg.group_retries:
                     raise RuntimeError(
                         f"could not build the weight-update group with {members} after "
                         f"{attempt + 1} attempts: {e}"
                     ) from e
-                time.sleep(min(2.0**attempt, 10.0))
-                members = sorted(self.workers())
+                time.sleep(min(0.5 * 2.0**attempt, 5.0))
+                members = self.current_members()
 
     def _build(self, members: list[str]) -> None:
         self.members = members
@@ -139,13 +162,13 @@ class DistributedWeightSync:
             ),
             futures,
         )
-        _check_all(futures, "init_weights_update_group")
+        _check_all(futures, "init_weights_update_group", self.timeout.total_seconds())
         log.info("weight-update group %s: rank 0 + %s", self.name, members)
 
     def teardown(self) -> None:
         """Drop the group here and ask the servers to drop theirs (errors only logged)."""
         futures = [
-            self.post(f"{url}/destroy_weights_update_group", {"group_name": self.name})
+            self.post(f"{url}/destroy_weights_update_group", {"group_name": self.name}, 30)
             for url in self.members
         ]
         for f in futures:
@@ -155,6 +178,19 @@ class DistributedWeightSync:
                 log.info("destroy_weights_update_group: %s", e)
         if weight_group.is_group(self.group):
             weight_group.destroy(self.group)
+        self.group, self.members = None, []
+
+    def _drop(self, members: list[str]) -> None:
+        """After a fault: abort rank 0's end at once (the survivors blocked in the group are
+        released), mark the members nothing answers at as dead, waiting for nobody."""
+        if weight_group.is_group(self.group):
+            weight_group.destroy_later(self.group)
+        gone = {u for u in members if not self.alive(u)}
+        if gone:
+            log.warning("rollout servers %s do not answer: left out of the group", sorted(gone))
+        self.dead |= gone
+        for url in set(members) - gone:  # they leave it anyway at the next init
+            self.post(f"{url}/destroy_weights_update_group", {"group_name": self.name}, 10)
         self.group, self.members = None, []
 
     # ---- updates --------------------------------------------------------------------------
@@ -167,24 +203,27 @@ class DistributedWeightSync:
         return [b for b in out if b]
 
     def update(self, state: dict[str, Tensor], version: str) -> float:
-        """Send ``state`` to every server; a server lost mid-update (broadcast or answer
-        failed) gets the group rebuilt and the whole update sent again."""
+        """Send ``state`` to every live server; after a fault (a broadcast or an answer that
+        failed or timed out) the group is rebuilt without the dead and the update sent again."""
         t0 = time.perf_counter()
         for attempt in range(self.cfg.group_retries + 1):
             self.ensure_group()
+            members = list(self.members)
             try:
                 self._send(state, version)
                 return time.perf_counter() - t0
             except Exception as e:
                 if attempt == self.cfg.group_retries:
+                    self._drop(members)
                     raise
                 log.warning("weight update %s failed (%s): rebuilding the group", version, e)
-                self.teardown()
-                time.sleep(min(2.0**attempt, 10.0))
+                self.retries += 1
+                self._drop(members)
         raise AssertionError("unreachable")
 
     def _send(self, state: dict[str, Tensor], version: str) -> None:
         buckets = self.buckets(state)
+        wait_s = self.bucket_timeout.total_seconds()
         for k, bucket in enumerate(buckets):
             body = {
                 "names": [n for n, _ in bucket],
@@ -192,17 +231,19 @@ class DistributedWeightSync:
                 "shapes": [list(t.shape) for _, t in bucket],
                 "group_name": self.name,
                 "flush_cache": k == len(buckets) - 1,
+                "abort_all_requests": k == 0,
                 "weight_version": version,
             }
             futures = [
-                self.post(f"{url}/update_weights_from_distributed", body) for url in self.members
+                self.post(f"{url}/update_weights_from_distributed", body, wait_s + 30)
+                for url in self.members
             ]
             tensors = [t for _, t in bucket]  # servers receive in the order of "names"
             if weight_group.is_group(self.group):
-                weight_group.broadcast_bucket(self.group, tensors, self.device)
+                weight_group.broadcast_bucket(self.group, tensors, self.device, self.bucket_timeout)
             else:  # a test's stand-in
                 self.group.broadcast(tensors)
-            _check_all(futures, "update_weights_from_distributed")
+            _check_all(futures, f"update_weights_from_distributed (bucket {k})", wait_s)
 
 
 def _build_watching(build: Callable[[], Any], futures: list[Any]) -> Any:
@@ -230,8 +271,14 @@ def _build_watching(build: Callable[[], Any], futures: list[Any]) -> Any:
     return out["pg"]
 
 
-def _check_all(futures: list[Any], what: str) -> None:
-    for f in futures:
-        out = f.result()
+def _check_all(futures: list[Any], what: str, timeout_s: float) -> None:
+    """Every server answered success within ``timeout_s``; the first failure raises at once."""
+    done, late = concurrent.futures.wait(
+        futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_EXCEPTION
+    )
+    for f in done:
+        out = f.result()  # an HTTP/connection error raises here
         if not (isinstance(out, dict) and out.get("success")):
             raise RuntimeError(f"{what} failed on a server: {out}")
+    if late:
+        raise RuntimeError(f"{what}: {len(late)} server(s) did not answer within {timeout_s:.0f} s")

@@ -15,6 +15,18 @@ are plain in-memory calls on the worker. Settings and why (numbers in docs/LOG.m
 - ``VLLM_CPU_KVCACHE_SPACE`` (GiB) comes from ``RolloutConfig.kv_cache_gb``; on GPUs the cache is
   sized by ``gpu_memory_utilization`` instead.
 
+Routed experts (``rollout.return_routed_experts``, MoE models): vLLM returns them per completion
+(``CompletionOutput.routed_experts``, ``[prompt + completion - 1, layers, top-k]``) when started
+with ``enable_return_routed_experts``, which needs its V2 model runner
+(``VLLM_USE_V2_MODEL_RUNNER=1``), which needs Triton: on GPU only. vLLM 0.32's source:
+``vllm/config/aux_output.py``, ``vllm/distributed/aux_output_connector/``, ``vllm/outputs.py``.
+On CPU the engine refuses the option at start with one line (preflight refuses it earlier).
+
+MoE weight updates on CPU are refused: vLLM 0.32's CPU MoE kernels prepack the experts (and the
+fp32 oneDNN path empties the router's parameter), and ``reload_weights`` does not redo it;
+measured on a tiny Qwen3-MoE, reloading the *same* weights changed the prepacked experts by 1.2
+and the log-probs by 13-17 nats. Serving (generation) is exact; RL on CPU uses the hf engine.
+
 Weight updates go through the worker's ``reload_weights`` (``collective_rpc``, which is a direct
 call in-process), then ``reset_prefix_cache()``: a cached prefix would otherwise keep KV computed
 with the old weights. With tied embeddings ``lm_head.weight`` must be in the update, or the
@@ -50,6 +62,14 @@ def _set_env(cfg: RolloutConfig) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cfg.kv_cache_gb)))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if cfg.return_routed_experts:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the routed-experts capture needs it
+
+
+MOE_RELOAD_ON_CPU = (
+    "rollout engine 'vllm' cannot update a mixture-of-experts model's weights on CPU (vLLM "
+    "0.32's in-place reload leaves its prepacked experts wrong); use rollout.engine=hf"
+)
 
 
 @register_engine("vllm")
@@ -60,6 +80,12 @@ class VLLMEngine(RolloutEngine):
         self.cfg = cfg
         self.seed = seed
         self._calls = 0
+        self.routed_experts = cfg.return_routed_experts
+        if self.routed_experts and not _have_cuda():
+            raise EngineStartError(
+                "rollout engine 'vllm' cannot return routed experts on CPU: vLLM captures them "
+                "only in its V2 model runner, which needs Triton (GPU); use rollout.engine=hf"
+            )
         _set_env(cfg)
         try:
             import vllm
@@ -80,6 +106,7 @@ class VLLMEngine(RolloutEngine):
                 logprobs_mode="processed_logprobs",
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 block_size=cfg.block_size,
+                enable_return_routed_experts=self.routed_experts,
             )
         except Exception as e:  # vLLM raises many types at start-up; name the cause once
             raise EngineStartError(
@@ -89,6 +116,8 @@ class VLLMEngine(RolloutEngine):
         self.vocab_size = int(hf_config.vocab_size)
         self.context_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)
+        self.frozen_moe = bool(experts) and not _have_cuda()  # see the module docstring
 
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         check_requests(requests, self.vocab_size, self.context_len)
@@ -119,6 +148,8 @@ class VLLMEngine(RolloutEngine):
         )
 
     def update_weights(self, hf_state_dict: dict[str, Tensor]) -> float:
+        if self.frozen_moe:
+            raise ValueError(MOE_RELOAD_ON_CPU)
         start = time.perf_counter()
         items = list(hf_state_dict.items())
         if self.tied and "lm_head.weight" not in hf_state_dict:
@@ -151,6 +182,12 @@ class VLLMEngine(RolloutEngine):
         del llm
 
 
+def _have_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _completion(out: Any) -> Completion:
     """vLLM ``CompletionOutput`` -> :class:`Completion` (sampled-token log-probs only)."""
     tokens = list(out.token_ids)
@@ -160,4 +197,9 @@ def _completion(out: Any) -> Completion:
         finish = "stop"
     elif out.finish_reason == "length":
         finish = "length"
-    return Completion(tokens, out.text, logprobs, finish)
+    routes = getattr(out, "routed_experts", None)
+    if routes is not None:
+        import torch
+
+        routes = torch.as_tensor(routes).to(torch.int32)  # [prompt + completion - 1, L, k]
+    return Completion(tokens, out.text, logprobs, finish, routes)

@@ -19,12 +19,19 @@ are SGLang's, with one deliberate difference: it *hosts* the TCP store itself
 serves every generation of the group: each rebuild (a server restarted) uses a new group name.
 
 CPU: the same code with ``backend="gloo"`` (the embedded server, :mod:`.server_weights`).
+
+Faults (docs/serving.md, "Weight-group faults"): every bucket waits at most ``timeout`` for its
+broadcast (``Work.wait(timeout)``, which raises in the caller on gloo and on NCCL alike), a
+failed group is aborted (releasing peers blocked in it) and dropped, never reused, and
+:func:`contain_nccl_faults` makes an NCCL fault raise instead of tearing the process down.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import os
+import threading
 from typing import Any
 
 import torch
@@ -77,6 +84,23 @@ def init_custom_process_group(
     return pg
 
 
+NCCL_FAULT_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}  # 2 = CleanUpOnly (see below)
+
+
+def contain_nccl_faults() -> dict[str, str]:
+    """Make NCCL faults raise in the caller rather than kill the process; returns what was set.
+
+    torch reads ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` in every ``ProcessGroupNCCL`` constructor
+    (``ProcessGroupNCCL.cpp``; default 3 = SkipCleanUp: tear the process down on a collective
+    error or timeout). The weight-update group lives in the controller, whose death ends the
+    job, so its faults must surface as exceptions: 2 = CleanUpOnly aborts the communicators and
+    leaves the process up. Call this once at process start, before any process group (and any
+    NCCL watchdog thread) exists, since setenv races with getenv in other threads (torch's own
+    comment at ``getNcclVersion``); an explicit setting by the user is kept.
+    """
+    return {k: os.environ.setdefault(k, v) for k, v in NCCL_FAULT_ENV.items()}
+
+
 def host_store(addr: str, port: int, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
     """The trainer's TCP store at ``addr:port``, served by this process (see module doc); it
     does not wait for workers, so one store serves groups of any size."""
@@ -123,7 +147,7 @@ def is_group(obj: Any) -> bool:
 
 def destroy(pg: Any) -> None:
     """Drop a group (a member died, or the server was asked to); never raises. Aborting first
-    releases a thread blocked in a broadcast whose peer died."""
+    releases the peers blocked in one of its broadcasts (gloo: they get "connection closed")."""
     try:
         pg.abort()
     except Exception as e:
@@ -134,18 +158,41 @@ def destroy(pg: Any) -> None:
         log.warning("destroying a weight-update group failed: %s", e)
 
 
-def broadcast_bucket(pg: Any, tensors: list[torch.Tensor], device: str) -> None:
+def destroy_later(pg: Any) -> None:
+    """:func:`destroy` on a thread of its own: an event loop never waits for a broken group."""
+    threading.Thread(target=destroy, args=(pg,), daemon=True, name="weight-group-destroy").start()
+
+
+def _wait_all(works: list[Any], timeout: datetime.timedelta | None) -> None:
+    """Wait for every broadcast of a bucket, ``timeout`` for the whole bucket (None: the
+    group's own timeout); a timeout or a broken peer raises ``RuntimeError`` here."""
+    deadline = None if timeout is None else datetime.datetime.now() + timeout
+    for w in works:
+        if deadline is None:
+            w.wait()
+        else:
+            left = max(deadline - datetime.datetime.now(), datetime.timedelta(milliseconds=1))
+            w.wait(timeout=left)
+
+
+def broadcast_bucket(
+    pg: Any, tensors: list[torch.Tensor], device: str, timeout: datetime.timedelta | None = None
+) -> None:
     """Rank 0: send ``tensors`` in order (what the receivers allocate from names/shapes)."""
     works = [
         dist.broadcast(t.detach().to(device).contiguous(), src=0, group=pg, async_op=True)
         for t in tensors
     ]
-    for w in works:
-        w.wait()
+    _wait_all(works, timeout)
 
 
 def receive_bucket(
-    pg: Any, names: list[str], dtypes: list[str], shapes: list[list[int]], device: str
+    pg: Any,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    device: str,
+    timeout: datetime.timedelta | None = None,
 ) -> dict[str, torch.Tensor]:
     """A server: one empty tensor per name, filled by rank 0's broadcasts in the same order."""
     if not len(names) == len(dtypes) == len(shapes):
@@ -156,6 +203,5 @@ def receive_bucket(
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
         works.append(dist.broadcast(t, src=0, group=pg, async_op=True))
         out[name] = t
-    for w in works:
-        w.wait()
+    _wait_all(works, timeout)
     return out

@@ -19,6 +19,7 @@ class TrainConfig(OptimizerConfig):
     steps: int = 100  # optimizer steps in the run
     micro_batch_tokens: int = 4096  # token budget of one packed micro-batch (training pass)
     logprob_micro_batch_tokens: int = 8192  # token budget of one micro-batch (log-prob pass)
+    shared_prefix: bool = True  # RL rows hold each group's prompt once (local spec; TE: off)
     threads: int = 0  # torch CPU threads (0: all cores)
 
     def validate(self) -> None:
@@ -70,8 +71,16 @@ class RLConfig:
     eval_greedy_also: bool = False  # sampled eval: also score the prompts greedily (eval_greedy/*)
     eval_train_prompts: int = -1  # distinct training prompts per domain scored at the start and
     # end (eval_train/*, the memorisation gap); -1: as many as eval_samples_per_domain, 0: none
+    routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's expert choices
+    # in the trainer's forward passes (rollout routing replay, arXiv 2510.11370)
+    replay_mismatch_every: int = 1  # with routing replay: steps between extra log-prob passes
+    # without replay on the same batch, logged as mismatch/*_no_replay (0: never)
 
     def validate(self) -> None:
+        if self.replay_mismatch_every < 0:
+            raise ValueError(
+                f"rl.replay_mismatch_every must be >= 0, got {self.replay_mismatch_every}"
+            )
         if self.group_size < 1:
             raise ValueError(f"rl.group_size must be >= 1, got {self.group_size}")
         if self.prompts_per_step < 1:
@@ -131,3 +140,11 @@ class CheckpointConfig:
     every: int = 10  # optimizer steps between checkpoints (0: only at the end)
     keep: int = 2  # most recent checkpoints kept
     resume: bool = True  # resume from the newest checkpoint in the run directory if present
+    preempt_grace_s: float = 0.0  # seconds between a preemption signal and the kill (the Slurm
+    # script passes torchrun's --shutdown-timeout); while a step plus its checkpoint takes more
+    # than 3/4 of it, every step is checkpointed, so the kill finds one. 0: not known
+
+    def validate(self) -> None:
+        for key in ("every", "keep", "preempt_grace_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"checkpoint.{key} must be >= 0, got {getattr(self, key)}")

@@ -31,6 +31,7 @@ from megatron_rl.train.rl_step import (
     drgrpo_constant,
     global_normalizer,
     kl_reward_penalties,
+    shared_prefix_enabled,
 )
 from megatron_rl.train.rollout_phase import Group, RolloutProducer, rollout_metrics
 from megatron_rl.train.runtime import Runtime
@@ -55,6 +56,7 @@ class Controller:
         if state:
             self.sched.load_state_dict(state["scheduler"])
         self.cursor: dict[str, int] = state.get("cursor", {})
+        self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix)
         self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
         self.engine = report.start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
@@ -87,12 +89,14 @@ class Controller:
         penalty = None
         if cfg.rl.kl_in_reward and self.ref is not None and kept:
             penalty, kl_stats = kl_reward_penalties(
-                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens
-            )
+                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens,
+                self.shared_prefix,
+            )  # fmt: skip
             metrics.update(kl_stats)
         shares, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp, penalty
-        )
+            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp,
+            penalty, self.shared_prefix,
+        )  # fmt: skip
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:

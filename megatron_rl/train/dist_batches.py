@@ -10,7 +10,8 @@ letting differing batches deadlock a collective.
 Partitioning (:func:`pack_shares`): the kept groups (a group stays whole on one rank, its
 advantages are relative to each other) are split over the DP ranks with near-equal token totals
 by ``long_context.balance.assign_ranks`` (Karmarkar-Karp or LPT, whichever spreads less). Each
-share is cut into micro-batches of at most ``budget`` tokens. Ranks get the same number of
+share is cut into micro-batches of at most ``budget`` tokens, with each group's prompt once when
+packed with shared prefixes (``train.shared_prefix``). Ranks get the same number of
 micro-batches: the missing ones, and a whole share when a thin step has fewer groups than DP
 ranks, are zero-weight micro-batches (one pad token, loss mask 0, each extra as at a real
 sequence's first token: every extra of the step is carried, whatever its name), so every rank
@@ -27,7 +28,14 @@ import torch
 import torch.distributed as dist
 
 from long_context.balance import assign_ranks, dummy_batch
-from long_context.packing import PackedBatch, budget_bins, pack
+from long_context.packing import (
+    PackedBatch,
+    budget_bins,
+    group_bins,
+    group_tokens,
+    pack,
+    pack_groups,
+)
 from megatron_rl.model.parallel import DistInfo, control_group
 
 Extras = dict[str, list[list[float]]]
@@ -43,15 +51,49 @@ class StepWork:
     info: dict[str, Any] = field(default_factory=dict)  # e.g. {"tokens": per-DP-rank tokens}
 
 
-def zero_batch(fill: dict[str, float], pad_id: int = 0) -> PackedBatch:
+def zero_batch(fill: dict[str, Any], pad_id: int = 0) -> PackedBatch:
     """A micro-batch that trains nothing: one pad token, loss mask 0, extras set to ``fill``.
 
     ``fill`` gives each extra the value a real sequence has at its first token (a sequence start,
-    like this one), so per-token inputs such as a temperature stay in their valid range.
+    like this one), so per-token inputs such as a temperature stay in their valid range (a
+    per-token row, such as replayed routes, gives a ``[1, D]`` extra).
     """
     b = dummy_batch(pad_id)
-    b.extras = {k: torch.full((1,), float(v)) for k, v in fill.items()}
+    b.extras = {k: torch.as_tensor(v, dtype=torch.float32)[None] for k, v in fill.items()}
     return b
+
+
+def pack_rows(
+    seqs: list[list[int]],
+    masks: list[list[float]],
+    extras: Extras,
+    groups: list[list[int]],
+    budget: int,
+    prompt_lens: list[int] | None = None,
+) -> list[PackedBatch]:
+    """Micro-batches of at most ``budget`` tokens holding the samples of ``groups`` (indices).
+
+    With ``prompt_lens`` (per sample) the groups are packed with shared prefixes
+    (``long_context.packing.pack_groups``: each group's prompt once, a group over the budget split
+    into chunks of members); without, one sequence per sample (first-fit decreasing).
+    """
+    if prompt_lens is not None:
+        lens = [len(s) for s in seqs]
+        return [
+            pack_groups(seqs, masks, chunks, prompt_lens, extras)
+            for chunks in group_bins(groups, lens, prompt_lens, budget)
+        ]
+    idx = [i for g in groups for i in g]
+    bins = budget_bins([len(seqs[i]) for i in idx], budget) if idx else []
+    return [
+        pack(
+            [seqs[idx[j]] for j in b],
+            [masks[idx[j]] for j in b],
+            seq_ids=[idx[j] for j in b],
+            extras={k: [v[idx[j]] for j in b] for k, v in extras.items()},
+        )
+        for b in bins
+    ]
 
 
 def pack_shares(
@@ -61,32 +103,27 @@ def pack_shares(
     group_sizes: list[int],
     dp: int,
     budget: int,
+    prompt_lens: list[int] | None = None,
 ) -> list[list[PackedBatch]]:
     """Per DP rank, packed micro-batches of its groups; equal counts (zero batches pad).
 
     ``seqs`` are grouped consecutively: the first ``group_sizes[0]`` belong to group 0, etc.
-    Returns ``[[] ...]`` (dp empty lists) when there is no sequence at all.
+    ``prompt_lens`` (per sample): pack with shared prefixes (:func:`pack_rows`), and balance the
+    ranks by the tokens of that layout. Returns ``[[] ...]`` (dp empty lists) when there is no
+    sequence at all.
     """
     if not seqs:
         return [[] for _ in range(dp)]
     starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
     members = [list(range(s, s + n)) for s, n in zip(starts, group_sizes, strict=True)]
-    tokens = [sum(len(seqs[i]) for i in m) for m in members]
-    shares: list[list[PackedBatch]] = []
-    for groups in assign_ranks(tokens, dp):
-        idx = [i for g in groups for i in members[g]]
-        bins = budget_bins([len(seqs[i]) for i in idx], budget) if idx else []
-        shares.append(
-            [
-                pack(
-                    [seqs[idx[j]] for j in b],
-                    [masks[idx[j]] for j in b],
-                    seq_ids=[idx[j] for j in b],
-                    extras={k: [v[idx[j]] for j in b] for k, v in extras.items()},
-                )
-                for b in bins
-            ]
-        )
+    if prompt_lens is None:
+        tokens = [sum(len(seqs[i]) for i in m) for m in members]
+    else:
+        tokens = [group_tokens([len(seqs[i]) for i in m], prompt_lens[m[0]]) for m in members]
+    shares = [
+        pack_rows(seqs, masks, extras, [members[g] for g in groups], budget, prompt_lens)
+        for groups in assign_ranks(tokens, dp)
+    ]
     most = max(len(s) for s in shares)
     fill = {k: v[0][0] for k, v in extras.items()}  # what a sequence start carries
     for s in shares:
@@ -134,14 +171,15 @@ def ship(
 
 
 def batch_hash(batches: list[PackedBatch]) -> str:
-    """sha256 over every tensor of the micro-batches (tokens, offsets, mask, positions, extras)."""
+    """sha256 over every tensor of the micro-batches (tokens, offsets, mask, positions, extras)
+    and their shared-prefix structure."""
     h = hashlib.sha256()
     for b in batches:
         tensors = [b.tokens, b.cu_seqlens, b.loss_mask, b.position_ids]
         tensors += [b.extras[k] for k in sorted(b.extras)]
         for t in tensors:
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        h.update(repr(sorted(b.extras)).encode())
+        h.update(repr((sorted(b.extras), b.prefix_of)).encode())
     return h.hexdigest()
 
 

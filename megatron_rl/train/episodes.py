@@ -38,15 +38,18 @@ class _Episode:
         self.finish = "stop"
         self.done = False
         self.turns = 0
+        self.routed_experts: Any = None  # the last turn's: it covers the whole transcript
 
-    def add_model_turn(self, token_ids: list[int], logprobs: list[float], text: str) -> None:
-        self.ids += token_ids
-        self.response_ids += token_ids
-        self.logprobs += logprobs
-        self.mask += [1.0] * len(token_ids)
-        self.messages.append({"role": "assistant", "content": text})
-        self.last_turn = text
+    def add_model_turn(self, c: Any) -> None:
+        """Append a model turn (an engine :class:`Completion`)."""
+        self.ids += c.token_ids
+        self.response_ids += c.token_ids
+        self.logprobs += c.logprobs
+        self.mask += [1.0] * len(c.token_ids)
+        self.messages.append({"role": "assistant", "content": c.text})
+        self.last_turn = c.text
         self.turns += 1
+        self.routed_experts = c.routed_experts
 
     def add_env_turn(self, tokenizer: Any, observation: str) -> None:
         before = render_chat(tokenizer, self.messages, add_generation_prompt=False)
@@ -97,7 +100,7 @@ def run_episodes(
         ]
         for (_, e), outs in zip(active, engine.generate(reqs), strict=True):
             c = outs[0]
-            e.add_model_turn(list(c.token_ids), list(c.logprobs), c.text)
+            e.add_model_turn(c)
             if c.finish_reason == "length":
                 e.done, e.finish = True, "length"
                 continue
@@ -118,6 +121,7 @@ def run_episodes(
                 e.mask,
                 e.last_turn,
                 e.finish if e.done else "length",
+                routed_experts=e.routed_experts,
             )
             for e in episodes[id(g)]
         ]

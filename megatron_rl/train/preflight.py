@@ -15,7 +15,11 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
 * the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
   empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
   scheduler accepts them; SFT's ``sft.data`` file exists;
-* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL.
+* the rollout engine: registered, its package importable, and for ``sglang`` a configured URL
+  that something answers at (rank 0 only, the one process that talks to servers): an
+  unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line;
+* routing replay (``rl.routing_replay=rollout``): an MoE model, no recomputation, an engine
+  that returns routed experts here (hf anywhere, vLLM on GPU, SGLang).
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
 tokenizer are read), so it costs well under a second on the demo.
@@ -25,12 +29,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from megatron_rl.config import RunConfig, validate
 from megatron_rl.model.config import ModelConfig
 
+REACH_WINDOW_S = 5.0  # how long start-up tries to reach rollout.urls[0] before failing
 # Engines whose Python package must import for them to start (engine name -> module).
 _ENGINE_PACKAGES = {"vllm": "vllm"}
 
@@ -43,11 +51,13 @@ def preflight(cfg: RunConfig, kind: str) -> None:
     validate(cfg)  # a config built in code (not by load_config) is checked too
     model = check_model(cfg)
     check_layout(cfg, model)
+    if kind == "rl":
+        check_routing_replay(cfg, model)
     if kind == "rl" or cfg.sft.data == "domains":
         check_domains(cfg, scheduler=kind == "rl")
     elif not Path(cfg.sft.data).is_file():
         raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
-    check_engine(cfg)
+    check_engine(cfg, model)
 
 
 def check_model(cfg: RunConfig) -> ModelConfig:
@@ -90,6 +100,28 @@ def check_layout(cfg: RunConfig, model: ModelConfig) -> None:
     validate_layout(cfg.parallel, int(raw), model)
 
 
+def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
+    """``rl.routing_replay=rollout`` needs an MoE model, an engine that returns the experts it
+    chose, and no activation recomputation (a recomputed forward would route freely)."""
+    if cfg.rl.routing_replay == "off":
+        return
+    if not model.is_moe:
+        raise ValueError(
+            "rl.routing_replay=rollout needs a mixture-of-experts model; "
+            f"model.arch={model.arch} is dense: use rl.routing_replay=off"
+        )
+    if cfg.model.recompute != "none":
+        raise ValueError(f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
+                         "not supported (the recomputed forward would route freely); use "
+                         "model.recompute=none")  # fmt: skip
+    import torch
+
+    if cfg.rollout.engine == "vllm" and not torch.cuda.is_available():
+        raise ValueError("rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
+                         "returns routed experts only from its V2 model runner, which needs "
+                         "Triton; use rollout.engine=hf on CPU")  # fmt: skip
+
+
 def check_domains(cfg: RunConfig, scheduler: bool) -> None:
     """Every domain pattern matches, the selection is not empty, the scheduler accepts it."""
     from megatron_rl.domains import load_domains
@@ -113,7 +145,7 @@ def check_domains(cfg: RunConfig, scheduler: bool) -> None:
         DomainScheduler(cfg.scheduler, infos, cfg.seed)
 
 
-def check_engine(cfg: RunConfig) -> None:
+def check_engine(cfg: RunConfig, model: ModelConfig | None = None) -> None:
     """The rollout engine is registered and can be started from this environment."""
     from megatron_rl.rollout.base import ENGINES, load_builtin_engines
 
@@ -126,5 +158,45 @@ def check_engine(cfg: RunConfig) -> None:
     package = _ENGINE_PACKAGES.get(name)
     if package and importlib.util.find_spec(package) is None:
         raise ValueError(f"rollout.engine={name!r} needs the {package!r} package, not installed")
+    if name == "vllm" and model is not None and model.is_moe:
+        import torch
+
+        if not torch.cuda.is_available():
+            from megatron_rl.rollout.vllm_engine import MOE_RELOAD_ON_CPU
+
+            raise ValueError(
+                MOE_RELOAD_ON_CPU.replace("rollout engine 'vllm'", "rollout.engine=vllm")
+            )
     if name == "sglang" and not cfg.rollout.urls:
         raise ValueError("rollout.engine=sglang needs rollout.urls=[http://ROUTER:PORT]")
+    check_rollout_reachable(cfg)
+
+
+def check_rollout_reachable(cfg: RunConfig) -> None:
+    """For ``rollout.engine=sglang``, on rank 0: :func:`check_reachable` on ``rollout.urls[0]``.
+    Cheap to import and run, so ``megatron-rl train`` calls it before loading torch."""
+    if cfg.rollout.engine == "sglang" and cfg.rollout.urls and os.environ.get("RANK", "0") == "0":
+        check_reachable(
+            cfg.rollout.urls[0], min(REACH_WINDOW_S, cfg.rollout.sglang.connect_timeout_s)
+        )
+
+
+def check_reachable(url: str, within_s: float) -> None:
+    """Something answers HTTP at ``url`` (any status: a router still waiting for its servers
+    is reachable) within ``within_s`` seconds; otherwise one ``ValueError`` naming the key."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=min(3.0, within_s)):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            why = getattr(e, "reason", e)
+        refused = isinstance(why, ConnectionRefusedError)  # nothing listens: no need to wait
+        if time.monotonic() >= (deadline - within_s / 2 if refused else deadline):
+            raise ValueError(
+                f"rollout.urls[0]={url} is unreachable ({why}); start "
+                "the router and servers first, or fix rollout.urls"
+            )
+        time.sleep(0.5)

@@ -8,18 +8,21 @@ optimizer step (``rl_step``), the weight export (``megatron_rl/model/export``) a
 trains on its data-parallel share; docs/distributed.md has the table of who does what.
 Re-running the same command resumes from the newest checkpoint, the W&B run included.
 SIGTERM/SIGUSR1 (Slurm preemption) on any rank checkpoints at the end of the current step and
-exits so the job can be requeued.
+exits so the job can be requeued; while steps outlast the time the launcher leaves between the
+signal and the kill (``checkpoint.preempt_grace_s``), every step is checkpointed instead.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
+from megatron_rl.rollout import weight_group
 from megatron_rl.train import rl_report as report
 from megatron_rl.train.controller import Controller
 from megatron_rl.train.dist_batches import (
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 def train_rl(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) RL training; returns the summary also written to summary.json."""
     check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.rollout.sglang.weight_sync == "distributed":  # before any process group exists
+        weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
     stop = report.PreemptionFlag()
     rt = setup_run(cfg, "rl")
@@ -54,6 +59,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         total=cfg.train.steps,
     )
     carry = report.Timer()  # a step's clock starts where the previous step's metrics were taken
+    ckpt_s = 0.0  # how long the last checkpoint took
     for step in bar:
         t = carry
         sd = None  # this step's HF state dict, gathered once for the sync and the checkpoint
@@ -85,9 +91,13 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
-        if last or stopping or every:
+        # a step too long to finish between a signal and the kill: keep a checkpoint per step
+        unsafe = agree_any(report.outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
+        if last or stopping or every or unsafe:
             with carry("checkpoint"):
+                t_ckpt = time.time()
                 save_checkpoint(rt, step, ctl.state() if ctl else {}, sd)
+                ckpt_s = time.time() - t_ckpt
         if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
             return _finish(rt, ctl, step)

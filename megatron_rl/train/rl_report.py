@@ -9,6 +9,7 @@ import logging
 import signal
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from long_context.packing import PackedBatch
 from megatron_rl.model.policy import Policy
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine, build_engine
+from megatron_rl.rollout.process_engine import oversubscribed, resolve
 from megatron_rl.train.runtime import Runtime, export_hf
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,14 @@ log = logging.getLogger(__name__)
 def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
     """Start the configured engine on HF-layout weights (the controller's, global rank 0 only)."""
     t0 = time.time()
-    engine = build_engine(rt.cfg.rollout, str(weights), rt.cfg.seed)
-    log.info("rollout engine %r ready in %.1f s", rt.cfg.rollout.engine, time.time() - t0)
+    cfg = rt.cfg
+    rollout = resolve(cfg.rollout, cfg.rl.off_policy, cfg.train.threads)
+    if rollout.process == "own" and (warning := oversubscribed(cfg.train.threads, rollout.threads)):
+        log.warning(warning)
+    if cfg.rl.routing_replay == "rollout":  # the engine returns the experts it chose
+        rollout = replace(rollout, return_routed_experts=True)
+    engine = build_engine(rollout, str(weights), cfg.seed)
+    log.info("rollout engine %r ready in %.1f s", cfg.rollout.engine, time.time() - t0)
     return engine
 
 
@@ -132,6 +140,26 @@ class PreemptionFlag:
     def _handle(self, signum: int, frame: Any) -> None:
         log.warning("received signal %d: will checkpoint after this step", signum)
         self.requested = True
+
+
+GRACE_SHARE = 0.75  # a step plus its checkpoint must fit in this share of the grace period
+_warned_grace: set[int] = set()
+
+
+def outlasts_grace(cfg: Any, step_s: float, ckpt_s: float, step: int) -> bool:
+    """This step plus a checkpoint takes longer than ``checkpoint.preempt_grace_s`` allows:
+    a signal in the next step could not be answered with a checkpoint before the kill."""
+    grace = cfg.checkpoint.preempt_grace_s
+    if not grace or step_s + ckpt_s <= GRACE_SHARE * grace:
+        return False
+    if not _warned_grace:
+        log.warning(
+            "step %d took %.1f s (+ %.1f s checkpoint), more than %.0f%% of "
+            "checkpoint.preempt_grace_s=%.0f: checkpointing every step while that lasts",
+            step, step_s, ckpt_s, 100 * GRACE_SHARE, grace,
+        )  # fmt: skip
+        _warned_grace.add(step)
+    return True
 
 
 def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:

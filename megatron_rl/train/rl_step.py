@@ -6,6 +6,10 @@ ratio is exactly 1 and its gradient is the policy gradient). The engine's log-pr
 truncated importance sampling (``rl.tis_cap``), which corrects the train/inference mismatch and,
 in off-policy mode, the staleness of samples made by an older policy. The mismatch itself
 (|logp_trainer - logp_engine| on sampled tokens) is measured in the same pass, so it is free.
+With routing replay (MoE, ``rl.routing_replay: rollout``) every forward replays the engine's
+expert choices (``extras["routes"]``), the reference's included; every
+``rl.replay_mismatch_every`` steps one extra forward-only pass over the same batch without
+replay logs what the mismatch would have been (``mismatch/logp_abs_*_no_replay``).
 
 Every token carries the temperature its sample was drawn at (``extras["temp"]``): groups of
 different domains sample at different temperatures and share micro-batches, and the policy,
@@ -14,19 +18,24 @@ entropy and reference are all scored per token at that temperature, as the engin
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from long_context.packing import PackedBatch, budget_bins, pack
-from megatron_rl.model.gpt import TEMPERATURE_KEY
+from long_context.packing import PackedBatch
+from megatron_rl.model.gpt import TEMPERATURE_KEY, use_te_spec
+from megatron_rl.model.moe import ROUTES_KEY, pop_aux_losses, routes_extra
 from megatron_rl.train.advantages import compute_advantages
-from megatron_rl.train.dist_batches import dp_reduce, pack_shares
+from megatron_rl.train.dist_batches import dp_reduce, pack_rows, pack_shares
 from megatron_rl.train.losses import kl_reward_penalty, rl_loss, step_normalizer
 from megatron_rl.train.optim import lr_at
-from megatron_rl.train.rollout_phase import Group
+from megatron_rl.train.rollout_phase import Group, Sample
+
+log = logging.getLogger(__name__)
 
 
 def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -41,28 +50,80 @@ def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 def _rows(
     groups: list[Group], kept: list[int], advantages: torch.Tensor | None
-) -> tuple[list[list[int]], list[list[float]], dict[str, list[list[float]]]]:
-    """Token ids, loss masks and per-token extras of every kept sample, in order.
+) -> tuple[list[list[int]], list[list[float]], dict[str, list[list[float]]], list[int]]:
+    """Token ids, loss masks, per-token extras and prompt lengths of every kept sample, in order.
 
     Extras: ``rollout_lp`` (engine log-probs, 0 on prompt/env tokens), ``temp`` (the temperature
-    the sample was drawn at, on every token: the trainer scores each token at it) and, when
-    ``advantages`` [len(kept), n] is given, ``adv`` (each sample's advantage on its response).
+    the sample was drawn at, on every token: the trainer scores each token at it), when
+    ``advantages`` [len(kept), n] is given, ``adv`` (each sample's advantage on its response),
+    and when the engine returned them (routing replay), ``routes`` (:func:`sample_routes`).
     """
-    seqs, masks = [], []
-    extras: dict[str, list[list[float]]] = {"rollout_lp": [], TEMPERATURE_KEY: []}
+    seqs, masks, prompt_lens = [], [], []
+    extras: dict[str, list[Any]] = {"rollout_lp": [], TEMPERATURE_KEY: []}
     if advantages is not None:
         extras["adv"] = []
+    samples = [s for i in kept for s in groups[i].samples]
+    if samples and all(s.routed_experts is not None for s in samples):
+        extras[ROUTES_KEY] = [sample_routes(s) for s in samples]
     for gi, i in enumerate(kept):
         temp = float(groups[i].spec.temperature)
         for si, s in enumerate(groups[i].samples):
             p = len(s.prompt_ids)
             seqs.append(s.prompt_ids + s.response_ids)
             masks.append([0.0] * p + s.response_mask)
+            prompt_lens.append(p)
             extras["rollout_lp"].append([0.0] * p + s.rollout_logprobs)
             extras[TEMPERATURE_KEY].append([temp] * (p + len(s.response_ids)))
             if advantages is not None:
                 extras["adv"].append([0.0] * p + [float(advantages[gi, si])] * len(s.response_ids))
-    return seqs, masks, extras
+    return seqs, masks, extras, prompt_lens
+
+
+def shared_prefix_enabled(requested: bool) -> bool:
+    """``train.shared_prefix`` where the trainer's attention supports it, else False.
+
+    Shared-prefix rows need the local layer spec (varlen attention with a prefix segment and
+    per-token RoPE, ``megatron_rl/model/attention.py``); with Transformer Engine's spec (GPU)
+    the step packs one sequence per sample instead, and says so once.
+    """
+    if not requested:
+        return False
+    if use_te_spec():
+        log.warning(
+            "train.shared_prefix: Transformer Engine's attention has no shared-prefix path yet "
+            "(docs/long_context.md); packing one sequence per sample"
+        )
+        return False
+    return True
+
+
+def _prefix_lens(
+    shared_prefix: bool, extras: dict[str, list[Any]], prompt_lens: list[int]
+) -> list[int] | None:
+    """Prompt lengths to pack with shared prefixes, or None for one sequence per sample.
+
+    Replayed routes (MoE, ``extras["routes"]``) are per-token rows that ``pack_groups`` does not
+    share yet, so a routing-replay step packs plainly.
+    """
+    return prompt_lens if shared_prefix and ROUTES_KEY not in extras else None
+
+
+def sample_routes(s: Sample) -> torch.Tensor:
+    """A sample's replayed routing as per-token rows ``[P + R, L * k]`` (``extras["routes"]``).
+
+    The engine ran every token but the last (``[P + R - 1, L, k]``); the last token's row (its
+    output predicts nothing that is trained) gets experts ``0 .. k-1`` in every layer.
+    """
+    routes = torch.as_tensor(s.routed_experts)
+    n = len(s.prompt_ids) + len(s.response_ids)
+    if routes.dim() != 3 or routes.shape[0] != n - 1:
+        raise ValueError(
+            f"routed experts of a {s.domain} sample have shape {tuple(routes.shape)}; expected "
+            f"[{n - 1}, layers, top-k] for {len(s.prompt_ids)} prompt + {len(s.response_ids)} "
+            "response tokens"
+        )
+    last = torch.arange(routes.shape[2]).expand(1, routes.shape[1], -1)
+    return routes_extra(torch.cat([routes.long(), last]))
 
 
 def build_batches(
@@ -72,15 +133,17 @@ def build_batches(
     budget: int,
     dp: int = 1,
     reward_penalty: torch.Tensor | None = None,
+    shared_prefix: bool = False,
 ) -> tuple[list[list[PackedBatch]], dict[str, float]]:
     """Per DP rank, packed micro-batches of its kept groups, with advantages and engine log-probs.
 
     Advantages are computed once over all kept groups, from the rewards minus ``reward_penalty``
     [len(kept), n] if given (the KL penalty of :func:`kl_reward_penalties`); the groups are then
     split over ``dp`` ranks balanced by tokens (``dist_batches.pack_shares``: a group stays
-    whole; ranks short of micro-batches get zero-weight ones). Every token carries its sample's
-    sampling temperature (``extras["temp"]``), so the trainer's log-probs, entropy and reference
-    log-probs are those of the distribution the engine sampled from.
+    whole; ranks short of micro-batches get zero-weight ones), each group's prompt packed once
+    with ``shared_prefix`` (see :func:`shared_prefix_enabled`). Every token carries its
+    sample's sampling temperature (``extras["temp"]``), so the trainer's log-probs, entropy and
+    reference log-probs are those of the distribution the engine sampled from.
     """
     rewards = torch.tensor(
         [[s.reward for s in groups[i].samples] for i in kept], dtype=torch.float64
@@ -88,9 +151,10 @@ def build_batches(
     if reward_penalty is not None and kept:
         rewards = rewards - reward_penalty.to(rewards.dtype)
     advantages = compute_advantages(rewards, estimator) if kept else rewards
-    seqs, masks, extras = _rows(groups, kept, advantages)
+    seqs, masks, extras, prompt_lens = _rows(groups, kept, advantages)
     sizes = [len(groups[i].samples) for i in kept]
-    shares = pack_shares(seqs, masks, extras, sizes, dp, budget)
+    plens = _prefix_lens(shared_prefix, extras, prompt_lens)
+    shares = pack_shares(seqs, masks, extras, sizes, dp, budget, plens)
     stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
     if reward_penalty is not None and kept:
         stats["train/shaped_reward_mean"] = float(rewards.mean())  # after the KL penalty
@@ -98,7 +162,12 @@ def build_batches(
 
 
 def kl_reward_penalties(
-    ref: Any, groups: list[Group], kept: list[int], rl: Any, budget: int
+    ref: Any,
+    groups: list[Group],
+    kept: list[int],
+    rl: Any,
+    budget: int,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL to the reference as a reward penalty (``rl.kl_in_reward``): [len(kept), n] and metrics.
 
@@ -107,18 +176,14 @@ def kl_reward_penalties(
     reference's at the same temperature (no gradient: it is part of the reward). With ``k1``
     the penalised return is an unbiased estimate of the KL-regularised objective. Runs on the
     controller alone, so the reference must not be split over ranks (checked at start-up).
+    A sample's policy tokens all lie in its own (response) segment, so the per-segment sums
+    scatter back by ``seq_ids`` (prefix segments, -1, carry none).
     """
-    seqs, masks, extras = _rows(groups, kept, None)
-    batches = [
-        pack(
-            [seqs[i] for i in b],
-            [masks[i] for i in b],
-            seq_ids=b,
-            extras={k: [v[i] for i in b] for k, v in extras.items()},
-        )
-        for b in budget_bins([len(x) for x in seqs], budget)
-    ]
+    seqs, masks, extras, prompt_lens = _rows(groups, kept, None)
     n = len(groups[kept[0]].samples)
+    members = [list(range(g * n, (g + 1) * n)) for g in range(len(kept))]
+    plens = _prefix_lens(shared_prefix, extras, prompt_lens)
+    batches = pack_rows(seqs, masks, extras, members, budget, plens)
     flat = torch.zeros(len(seqs), dtype=torch.float64)
     for b, (ref_lp, _) in zip(batches, ref.token_logprobs(batches), strict=True):
         cu = b.cu_seqlens
@@ -129,7 +194,8 @@ def kl_reward_penalties(
             rl.kl_coef,
             rl.kl_estimator,
         )
-        flat[torch.tensor(b.seq_ids)] = pen.double()
+        ids = torch.tensor(b.seq_ids)
+        flat[ids[ids >= 0]] = pen[ids >= 0].double()
     stats = {
         "train/kl_penalty_mean": float(flat.mean()),
         "train/kl_penalty_max": float(flat.abs().max()),
@@ -207,6 +273,8 @@ def train_step(
         return loss * dp, m
 
     t0 = time.time()
+    # the same batch without routing replay: what the mismatch would be (same weights)
+    free = _mismatch_without_replay(policy, batches) if _compare_replay(rl, batches, step) else {}
     outs = policy.forward_backward(batches, loss_fn)
     sums = {k: sum(o[k] for o in outs) for k in outs[0] if k.startswith("loss/")} if outs else {}
     sums.update(
@@ -216,6 +284,8 @@ def train_step(
         packed_tokens=float(sum(b.num_tokens for b in batches if b.seq_ids)),
     )
     maxes = {"mismatch_max": max((o["mismatch_max"] for o in outs), default=0.0)}
+    if free:
+        sums["free_sum"], maxes["free_max"] = free["sum"], free["max"]
     red = dp_reduce(sums, maxes, policy.dist)
     loss = red["loss"]  # the same on every rank, so every rank skips or steps alike
     opt = policy.optimizer_step(lr_at(step, cfg.train)) if math.isfinite(loss) else _skip(policy)
@@ -232,10 +302,35 @@ def train_step(
             "mismatch/logp_abs_max": red["mismatch_max"],
             "perf/train_s": dt,
             "perf/trained_tokens_per_s": red["packed_tokens"] / max(dt, 1e-9),
+            "perf/response_tokens_per_s": red["tokens"] / max(dt, 1e-9),
             "train/response_tokens": red["tokens"],
         }
     )
+    if policy.cfg.is_moe:  # the router's aux / z-losses (their gradients are in the step)
+        metrics.update(pop_aux_losses(len(batches)))
+    if free:
+        metrics["mismatch/logp_abs_mean_no_replay"] = red["free_sum"] / max(red["tokens"], 1.0)
+        metrics["mismatch/logp_abs_max_no_replay"] = red["free_max"]
     return metrics
+
+
+def _compare_replay(rl: Any, batches: list[PackedBatch], step: int) -> bool:
+    """Measure the mismatch without routing replay this step (every rank decides alike)."""
+    every = rl.replay_mismatch_every
+    replayed = bool(batches) and ROUTES_KEY in batches[0].extras
+    return replayed and every > 0 and step % every == 0
+
+
+def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[str, float]:
+    """|logp_trainer - logp_engine| on trained tokens with the trainer routing freely: sum, max."""
+    free = [replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY})
+            for b in batches]  # fmt: skip
+    total, most = 0.0, 0.0
+    for b, (lp, _) in zip(batches, policy.token_logprobs(free), strict=True):
+        diff = (lp - b.extras["rollout_lp"]).abs() * b.loss_mask
+        total += float(diff.sum())
+        most = max(most, float(diff.max()) if diff.numel() else 0.0)
+    return {"sum": total, "max": most}
 
 
 def _skip(policy: Any) -> dict[str, float]:

@@ -41,6 +41,7 @@ class Sample:
     score: float = 0.0
     parsable: bool = False
     verifier_error: bool = False
+    routed_experts: Any = None  # MoE: the engine's experts per token [P + R - 1, L, k], or None
 
 
 @dataclass
@@ -125,6 +126,7 @@ def generate(
                 [1.0] * len(c.token_ids),
                 c.text,
                 c.finish_reason,
+                routed_experts=c.routed_experts,
             )
             for c in outs
         ]

@@ -48,15 +48,20 @@ class Runtime:
 
 
 def _model_cfg_from_hf(cfg: RunConfig) -> RunConfig:
-    """With ``model.hf_path`` set, the architecture comes from the checkpoint's config.json."""
+    """With ``model.hf_path`` set, the architecture comes from the checkpoint's config.json (the
+    run keeps its dtype, recompute and the experts' aux / z-loss weights and dispatcher)."""
     if not cfg.model.hf_path:
         return cfg
     _, hf_model_cfg = hf_io.load_hf_config(cfg.model.hf_path)
+    mine = cfg.model.moe  # the run's training options for the experts (the shape is HF's)
+    moe = replace(hf_model_cfg.moe, aux_loss_coeff=mine.aux_loss_coeff,
+                  z_loss_coeff=mine.z_loss_coeff, dispatcher=mine.dispatcher)  # fmt: skip
     model = replace(
         hf_model_cfg,
         hf_path=cfg.model.hf_path,
         dtype=cfg.model.dtype,
         recompute=cfg.model.recompute,
+        moe=moe,
     )
     return replace(cfg, model=model)
 

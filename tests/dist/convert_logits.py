@@ -1,4 +1,4 @@
-"""Megatron logits of a converted checkpoint vs. the HF model's, under torchrun (TP and/or PP).
+"""Megatron logits of a converted checkpoint vs. the HF model's, under torchrun (TP, PP, EP).
 
     torchrun --nproc_per_node N tests/dist/convert_logits.py --hf HF_DIR --ckpt MEGATRON_DIR \
         --result OUT.json
@@ -34,9 +34,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     meta, cfg = load_megatron_meta(args.ckpt)
-    info = init_distributed(ParallelConfig(tp=meta["tp"], pp=meta["pp"]), seed=0, model=cfg)
+    layout = ParallelConfig(tp=meta["tp"], pp=meta["pp"], ep=meta["ep"], etp=meta["etp"])
+    info = init_distributed(layout, seed=0, model=cfg)
     policy = Policy(cfg, info)
-    shard = safetensors.torch.load_file(str(rank_file(Path(args.ckpt), info.tp_rank, info.pp_rank)))
+    ep_rank = info.ep_rank if info.ep > 1 else None  # the per-EP-rank file of a split MoE
+    path = rank_file(Path(args.ckpt), info.tp_rank, info.pp_rank, ep_rank)
+    shard = safetensors.torch.load_file(str(path))
     policy.load_model_state_shard(shard)
     tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     logits = policy.logits(tokens)  # [B, S, V] on every rank

@@ -12,12 +12,15 @@ rows, log-probs/entropies of packed batches with mixed sequence lengths (none a 
 ``2 * cp``, so every sequence is padded; one far longer than a chunk), the parameter gradients of
 one ``forward_backward`` (HF names, gathered over TP), the same two with the CP padding tokens
 set to another id (``poisoned_pads``: padding must not reach any result), then two RL steps through
-``rl_step.train_step`` and the HF weights after them. ``tests/test_cp_equivalence.py`` compares.
+``rl_step.train_step`` and the HF weights after them; and shared-prefix rows against plain
+packing of the same samples (``shared_prefix``). ``tests/test_cp_equivalence.py`` compares.
 """
 
 from __future__ import annotations
 
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -100,6 +103,23 @@ def poisoned_pads(policy: Policy, data: list[PackedBatch], loss_fn: Any) -> dict
     return {"logprobs": [lp for lp, _ in scored], "grads": grads}
 
 
+def shared_prefix(policy: Policy) -> dict[str, object]:
+    """Shared-prefix rows (tests/prefix_data.py groups; prefixes split over the CP ranks) and
+    the same samples packed plainly: log-probs, entropies, gradients in HF layout."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/prefix_data.py
+    from prefix_data import layouts, main_grads, make_groups
+
+    d = make_groups(CFG.vocab_size, seed=5)
+    plain, shared = layouts(d, temps=True)
+    out: dict[str, object] = {"plens": d["plens"]}
+    for name, batch in (("plain", plain), ("shared", shared)):
+        ((lp, ent),) = policy.token_logprobs([batch], with_entropy=True)
+        main_grads(policy, [batch], float(plain.loss_mask.sum()), keep=True)
+        out[name] = {"batch": batch, "lp": lp, "ent": ent, "grads": hf_grads(policy)}
+        policy.zero_grad()
+    return out
+
+
 def rl_step(policy: Policy, cfg: Any, data: list[PackedBatch], step: int) -> dict[str, float]:
     """One RL step as the controller runs it: every DP rank holds a share of the step (here the
     same data), and the loss normaliser covers all the shares."""
@@ -127,6 +147,7 @@ def run_layout(cp: int, tp: int) -> dict[str, object]:
     scored = policy.token_logprobs(data, temperature=0.8, with_entropy=True)
     result["logprobs"] = [lp for lp, _ in scored]
     result["entropy"] = [ent for _, ent in scored]
+    result["shared_prefix"] = shared_prefix(policy)
     result["metrics"] = policy.forward_backward(data, loss_fn, temperature=0.8)
     result["grads"] = hf_grads(policy)
     policy.zero_grad()

@@ -10,14 +10,19 @@ Every layout starts from the same weights: a seeded random HF-layout state dict 
 reference weights), loaded through ``Policy.load_hf_state_dict`` so each rank takes its own
 Megatron shard. Then: full-vocab logits, token log-probs and entropies of two packed batches
 (the second carries per-token temperatures, ``extras["temp"]``, so the [T] temperature path of
-``vocab_parallel_logprobs`` is compared under the TP vocab split too), one ``forward_backward`` +
+``vocab_parallel_logprobs`` is compared under the TP vocab split too), shared-prefix against plain
+packing of the same groups (``shared_prefix_check``), one ``forward_backward`` +
 ``optimizer_step``, logits again and the gathered HF state dict (also streamed in small buckets).
 ``tests/test_parallel_equivalence.py`` compares the files of different layouts.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+import torch.distributed as dist
 
 from long_context.packing import PackedBatch, pack
 from megatron_rl.model import convert
@@ -67,6 +72,46 @@ def batches() -> list[PackedBatch]:
 LAYOUTS = {"ref": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}  # name -> (tp, pp)
 
 
+def shared_prefix_check(policy: Policy) -> dict[str, object]:
+    """Shared-prefix vs plain packing of the same groups, inside this layout.
+
+    Per-sample log-prob / entropy differences at two temperatures, the max difference of any
+    parameter's gradient (this rank's shard, maxed over ranks) with per-token temperatures, the
+    token counts every rank's first layer ran over, and the shared rows' log-probs (compared
+    across layouts by the test).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/prefix_data.py
+    from prefix_data import compare_per_sample, expected_tokens, layouts, main_grads
+    from prefix_data import make_groups, rows_seen
+
+    d = make_groups(CFG.vocab_size, seed=4)
+    out: dict[str, object] = {"expected_tokens": expected_tokens(d)}
+    plain, shared = layouts(d, temps=False)
+    seen: list[int] = []
+    for t in (0.8, 1.3):
+        with rows_seen(policy) as rows:
+            ((lp_s, ent_s),) = policy.token_logprobs([shared], t, with_entropy=True)
+        seen += rows
+        ((lp_p, ent_p),) = policy.token_logprobs([plain], t, with_entropy=True)
+        out[f"lp_diff_{t}"] = compare_per_sample(plain, shared, lp_p, lp_s, d["plens"])
+        out[f"ent_diff_{t}"] = compare_per_sample(plain, shared, ent_p, ent_s, d["plens"])
+        out[f"lp_shared_{t}"] = lp_s
+    plain, shared = layouts(d, temps=True)
+    n = float(plain.loss_mask.sum())
+    g_plain = main_grads(policy, [plain], n)
+    with rows_seen(policy) as rows:
+        g_shared = main_grads(policy, [shared], n)
+    seen += rows
+    worst = torch.tensor([max(float((g - g_shared[k]).abs().max()) for k, g in g_plain.items())])
+    total = torch.tensor([sum(float(g.abs().sum()) for g in g_plain.values())])
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(total)
+    every: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, seen)
+    out.update(grad_diff=float(worst), grad_abs_sum=float(total), rows_seen=every)
+    return out
+
+
 def run_layout(tp: int, pp: int) -> dict[str, object]:
     info = init_distributed(ParallelConfig(tp=tp, pp=pp), seed=0, model=CFG)
     # adam_eps well above fp32 noise in near-zero grads, so the step compares tightly.
@@ -82,6 +127,7 @@ def run_layout(tp: int, pp: int) -> dict[str, object]:
 
     tokens = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     result: dict[str, object] = {"logits_before": policy.logits(tokens), "dp": info.dp}
+    result["shared_prefix"] = shared_prefix_check(policy)
     scored = policy.token_logprobs(data, temperature=0.8, with_entropy=True)
     result["logprobs"] = [lp for lp, _ in scored]
     result["entropy"] = [ent for _, ent in scored]

@@ -11,8 +11,8 @@ the first selected group each step, so a 2-rank run has fewer groups than DP ran
 
 Recording, per run and rank, in ``DIR/<name>.rank<R>.json``: the layout coordinates, how many
 rollout engines this rank built and how many ``generate`` calls it made, and per step the hash of
-the micro-batches it trained on, its sequences and the per-DP-rank token counts shipped by the
-controller. ``record`` saves every ``generate`` call's completions (rank 0, where the one engine
+the micro-batches it trained on, its samples (each one's tokens, whether packed whole or after a
+shared prompt), the tokens it packed and the per-DP-rank token counts shipped by the controller. ``record`` saves every ``generate`` call's completions (rank 0, where the one engine
 lives) to ``GDIR/<name>.pkl``; ``replay`` serves ``GDIR/<source>.pkl`` back in the same order
 (asserting the same prompts), so runs of different layouts train on exactly the same groups and
 only the layout differs.
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from long_context.packing import sample_rows
 from megatron_rl.config import load_config
 from megatron_rl.model.parallel import destroy_distributed
 from megatron_rl.rollout.hf_engine import HFEngine
@@ -64,8 +65,9 @@ def patch() -> None:
         STATE["steps"].append(
             {
                 "hash": batch_hash(work.batches),
-                "seqs": [b.tokens[s:e].tolist() for b in work.batches if b.seq_ids
-                         for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:], strict=True)],
+                "seqs": [b.tokens[rows].tolist() for b in work.batches
+                         for rows in sample_rows(b).values()],  # each sample's whole tokens
+                "packed": sum(b.num_tokens for b in work.batches if b.seq_ids),
                 "zero_batches": sum(not b.seq_ids for b in work.batches),
                 "tokens": work.info.get("tokens"),
                 "train": work.train,

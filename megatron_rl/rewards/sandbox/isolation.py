@@ -1,13 +1,15 @@
-"""Building the bubblewrap command line for one sandboxed process, and checking it works.
+"""Starting one bubblewrap sandbox for one process, and checking that it works.
 
 Each process (the candidate, or the judge) gets its own bwrap instance with every namespace
 unshared (user, pid, net, ipc, uts, cgroup): no network but a private loopback, no view of host
 processes, and pid 1 of its namespace is bwrap's init, so when the main process exits every
 process it left behind is killed by the kernel. The file system is a read-only bind of ``/usr``
-(with the usual ``/bin``, ``/lib`` symlinks), a read-only directory with the harness scripts,
-a read-only directory with the one file that process may see, and size-limited tmpfs mounts for
-the work directory, ``/tmp`` and ``/dev/shm``. Nothing of ``/etc``, ``/root``, ``/home`` or the
-repository is mounted.
+(with the usual ``/bin``, ``/lib`` symlinks), the harness scripts and the one file that process
+may see copied in read-only (``/harness``, ``/data``), size-limited tmpfs mounts for the work
+directory, ``/tmp`` and ``/dev/shm``, and everything else read-only. Nothing of ``/etc``,
+``/root``, ``/home``, ``/sys`` or the repository is mounted, and nothing of the host reaches
+the sandbox's processes: bwrap starts with SANDBOX_ENV as its whole environment, from ``/``,
+with no host path among its arguments (see Launch and docs/sandbox.md's exposure review).
 
 Unprivileged user. When the host process is root (as in CI), bwrap would map the sandbox user to
 root outside the namespace, which makes RLIMIT_NPROC unenforced (the kernel exempts root) and
@@ -19,28 +21,63 @@ is the system Python under ``/usr`` (the venv's interpreter may live under a roo
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 import os
+import platform
 import random
 import shutil
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from megatron_rl.rewards.sandbox import memory
+from megatron_rl.rewards.sandbox.memory import SandboxCgroup
 from megatron_rl.rewards.sandbox.result import SandboxUnavailable
+
+log = logging.getLogger(__name__)
 
 HARNESS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inside")
 SANDBOX_PYTHON = "/usr/bin/python3"  # interpreter inside the sandbox (must live under /usr)
 UID_BASE = 200_000  # first uid handed to sandboxed processes when the host runs as root
 UID_COUNT = 50_000  # size of that uid range (no /etc/passwd entries needed)
+HARNESS_FILES = ("child.py", "judge.py", "wire.py", "confine.py")  # copied to /harness
+# The whole environment of bwrap and of every process in the sandbox: nothing of the host's.
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work"}
 
 
 @dataclass(frozen=True)
 class Mounts:
-    """Host paths one sandboxed process sees, and where."""
+    """What one sandboxed process sees besides ``/usr``: files copied in, never host paths."""
 
-    data_dir: str  # host directory mounted read-only at /data
+    files: dict[str, bytes]  # file name -> content, read-only at /data/NAME inside
     tmpfs_mb: int = 64  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
+
+
+@functools.cache
+def harness_sources() -> dict[str, bytes]:
+    """The harness scripts, read once; each sandbox gets its own copies at /harness."""
+    sources = {}
+    for name in HARNESS_FILES:
+        with open(os.path.join(HARNESS_DIR, name), "rb") as f:
+            sources[name] = f.read()
+    return sources
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, positioned at its start."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class UidPool:
@@ -70,44 +107,164 @@ class UidPool:
 UIDS = UidPool()
 
 
-def bwrap_argv(mounts: Mounts, argv: list[str], info_fd: int | None = None) -> list[str]:
-    """The bwrap command that runs ``argv`` (paths as seen inside) in fresh namespaces; bwrap
-    writes the host pid of the sandbox's pid 1 to ``info_fd`` as JSON."""
-    info = ["--info-fd", str(info_fd)] if info_fd is not None else []
-    size = str(mounts.tmpfs_mb << 20)
-    return [
-        shutil.which("bwrap") or "bwrap",
-        "--unshare-all",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop", "ALL",
-        "--hostname", "sandbox",
-        "--ro-bind", "/usr", "/usr",
-        "--symlink", "usr/bin", "/bin",
-        "--symlink", "usr/sbin", "/sbin",
-        "--symlink", "usr/lib", "/lib",
-        "--symlink", "usr/lib64", "/lib64",
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", size, "--tmpfs", "/dev/shm",
-        "--size", size, "--tmpfs", "/tmp",
-        "--size", size, "--tmpfs", "/work",
-        "--ro-bind", HARNESS_DIR, "/harness",
-        "--ro-bind", mounts.data_dir, "/data",
-        "--chdir", "/work",
-        "--clearenv",
-        "--setenv", "PATH", "/usr/bin:/bin",
-        "--setenv", "HOME", "/work",
-        "--setenv", "LANG", "C.UTF-8",
-        *info,
-        "--",
-        *argv,
-    ]  # fmt: skip
+class Launch:
+    """One bwrap start whose options travel through a pipe, not its command line.
+
+    bwrap reads its options from ``--args FD`` before it does anything, so it waits until
+    ``release`` writes them: the host can first move it into the sandbox's memory cgroup, so
+    every process it forks is born there. The options hold only paths as seen inside and fd
+    numbers; files arrive as memfds copied into the sandbox (``--ro-bind-data``), so neither
+    ``/proc/1/cmdline``, ``/proc/1/mem`` nor ``/proc/self/mountinfo`` shows a host path.
+    """
+
+    def __init__(self, mounts: Mounts, argv: list[str], info_fd: int | None = None) -> None:
+        self._fds: list[int] = []
+        try:
+            options = self._options(mounts, info_fd)
+            self._args_r, self._args_w = os.pipe()
+        except BaseException:
+            self.close()
+            raise
+        self._fds.append(self._args_r)
+        self.options = b"".join(o.encode() + b"\0" for o in options)  # what bwrap reads
+        self.argv = [shutil.which("bwrap") or "bwrap", "--args", str(self._args_r), "--", *argv]
+        self.pass_fds = tuple(self._fds)  # fds bwrap must inherit (memfds and the options pipe)
+
+    def _file(self, name: str, data: bytes, dest: str) -> list[str]:
+        self._fds.append(_memfd(name, data))
+        return ["--perms", "0444", "--ro-bind-data", str(self._fds[-1]), dest]
+
+    def _options(self, mounts: Mounts, info_fd: int | None) -> list[str]:
+        size = str(mounts.tmpfs_mb << 20)
+        files: list[str] = []
+        for name, data in harness_sources().items():
+            files += self._file(name, data, f"/harness/{name}")
+        for name, data in mounts.files.items():
+            files += self._file(name, data, f"/data/{name}")
+        setenv = [a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)]
+        return [
+            "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--proc", "/proc",
+            "--ro-bind-data", str(self._memfd_empty()), "/proc/cmdline",
+            "--dev", "/dev",
+            "--size", size, "--tmpfs", "/dev/shm",
+            "--size", size, "--tmpfs", "/tmp",
+            "--size", size, "--tmpfs", "/work",
+            *files,
+            "--remount-ro", "/dev", "--remount-ro", "/",
+            "--chdir", "/work", "--clearenv", *setenv,
+            *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+        ]  # fmt: skip
+
+    def _memfd_empty(self) -> int:
+        self._fds.append(_memfd("empty", b""))
+        return self._fds[-1]
+
+    def release(self) -> None:
+        """Hand bwrap its options (it is waiting for them) and close the host's copies."""
+        view = memoryview(self.options)
+        try:
+            while view:
+                view = view[os.write(self._args_w, view) :]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for fd in (*self._fds, getattr(self, "_args_w", -1)):
+            if fd >= 0:
+                os.close(fd)
+        self._fds, self._args_w = [], -1
 
 
 def drop_to_uid() -> bool:
     """Whether bwrap must be started as an unprivileged uid (true when the host is root)."""
     return os.geteuid() == 0
+
+
+# keyctl(2) per architecture; KEYCTL_JOIN_SESSION_KEYRING with no name = a new, empty keyring
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_SYS_LANDLOCK_CREATE_RULESET = 444  # the same on every architecture
+
+
+def _leave_session_keyring() -> None:
+    """Give the calling thread a new, empty session keyring.
+
+    The session keyring is inherited through fork and exec and across uid changes, and whoever
+    holds it may read every key linked to it (possession grants the rights). bwrap is forked from
+    a thread that ran this, so the sandbox never holds the host's keys (Kerberos tickets, tokens).
+    """
+    number = _SYS_KEYCTL.get(platform.machine())
+    libc = ctypes.CDLL(None, use_errno=True)
+    if number is None or libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        log.warning("sandbox: cannot give the spawning thread its own session keyring (%s, %s)",
+                    platform.machine(), os.strerror(ctypes.get_errno()))  # fmt: skip
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none); the harness enters a domain when >= 1."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return max(0, libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, 0, 1))
+
+
+_spawners: tuple[int, ThreadPoolExecutor] | None = None  # (owning pid, threads)
+_spawners_lock = threading.Lock()
+
+
+def _reset_spawners_lock() -> None:
+    global _spawners_lock
+    _spawners_lock = threading.Lock()  # a fork may have happened while another thread held it
+
+
+os.register_at_fork(after_in_child=_reset_spawners_lock)
+
+
+def _spawner_threads() -> ThreadPoolExecutor:
+    """The threads that fork every bwrap (never a thread of the host's own); made anew in a
+    forked child, where the parent's threads do not exist."""
+    global _spawners
+    with _spawners_lock:
+        if _spawners is None or _spawners[0] != os.getpid():
+            pool = ThreadPoolExecutor(4, "sandbox-spawn", initializer=_leave_session_keyring)
+            _spawners = (os.getpid(), pool)
+        return _spawners[1]
+
+
+def _popen(launch: Launch, uid: int | None, fds: tuple[int, ...]) -> subprocess.Popen:
+    return subprocess.Popen(
+        launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        pass_fds=(*fds, *launch.pass_fds), start_new_session=True, cwd="/", env=SANDBOX_ENV,
+        user=uid, group=uid, extra_groups=[] if uid is not None else None,
+    )  # fmt: skip
+
+
+def start(
+    launch: Launch, uid: int | None, fds: tuple[int, ...] = (), cgroup: SandboxCgroup | None = None
+) -> subprocess.Popen:
+    """Start bwrap for ``launch`` with only SANDBOX_ENV and a fresh session keyring (as ``uid``
+    unless None), move it into ``cgroup`` while it still waits for its options, hand them over."""
+    try:
+        popen = _spawner_threads().submit(_popen, launch, uid, fds).result()
+    except BaseException:
+        launch.close()
+        raise
+    try:
+        if cgroup is not None:
+            try:
+                cgroup.add(popen.pid)
+            except OSError as e:
+                log.warning("sandbox: cannot move bwrap into %s (%s)", cgroup.path, e)
+        launch.release()
+    except BaseException:
+        launch.close()
+        popen.kill()
+        popen.communicate()
+        raise
+    return popen
 
 
 @functools.cache
@@ -121,21 +278,22 @@ def check_available() -> None:
         )
     if not os.path.exists(SANDBOX_PYTHON):
         raise SandboxUnavailable(f"the sandbox interpreter {SANDBOX_PYTHON} does not exist")
-    uid = UIDS.acquire()
+    uid = UIDS.acquire() if drop_to_uid() else None
     try:
-        probe = subprocess.run(
-            bwrap_argv(Mounts(data_dir=HARNESS_DIR, tmpfs_mb=1), [SANDBOX_PYTHON, "-I", "-c", ""]),
-            capture_output=True,
-            timeout=30,
-            user=uid if drop_to_uid() else None,
-            group=uid if drop_to_uid() else None,
-            extra_groups=[] if drop_to_uid() else None,
-        )
+        launch = Launch(Mounts(files={}, tmpfs_mb=1), [SANDBOX_PYTHON, "-I", "-c", ""])
+        probe = start(launch, uid)
+        try:
+            _, stderr = probe.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            _, stderr = probe.communicate()
     finally:
-        UIDS.release(uid)
+        if uid is not None:
+            UIDS.release(uid)
     if probe.returncode != 0:
         raise SandboxUnavailable(
             f"bwrap cannot create a sandbox here (exit {probe.returncode}): "
-            f"{probe.stderr.decode(errors='replace').strip()[:500]}; user namespaces may be "
+            f"{stderr.decode(errors='replace').strip()[:500]}; user namespaces may be "
             "disabled (sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces)"
         )
+    memory.detect()  # says once, at start-up, which memory bound is in force

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from megatron_rl.rewards.config import RewardsConfig
-from megatron_rl.rewards.sandbox import isolation
+from megatron_rl.rewards.sandbox import isolation, memory
 from megatron_rl.rewards.sandbox.result import ExecResult
 from megatron_rl.rewards.sandbox.verdict import Collected, classify
 
@@ -46,8 +46,8 @@ class Limits:
     """Resource limits of one execution."""
 
     timeout_s: float = 10.0  # wall time for the whole execution, seconds
-    memory_mb: int = 512  # address space per process, MiB
-    max_procs: int = 8  # processes (and threads) per sandbox; x memory_mb bounds its RAM
+    memory_mb: int = 512  # per process (address space) and per sandbox with a cgroup, MiB
+    max_procs: int = 8  # processes (and threads) per sandbox; without a cgroup, x memory_mb
     max_files: int = 64  # open file descriptors per process
     max_file_mb: int = 16  # largest file a process may write, MiB
     tmpfs_mb: int = 32  # size of each private tmpfs (/work, /tmp, /dev/shm), MiB
@@ -80,43 +80,72 @@ class _Proc:
     uid: int | None
     info_fd: int | None = None  # read end of bwrap's --info-fd until it has been read
     init_pidfd: int | None = None  # pidfd of the sandbox's pid-1 process (None: unsandboxed)
+    cgroup: memory.SandboxCgroup | None = None  # the sandbox's memory cgroup, if it has one
+    workdir: str | None = None  # host directory of an unsandboxed run (removed at the end)
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
 
 
-def _spawn(
-    argv: list[str], data_dir: str, fds: tuple[int, ...], limits: Limits, sandboxed: bool
-) -> _Proc:
-    """Start ``argv`` (``{H}``/``{D}`` = harness/data dir) in its own sandbox, or plainly."""
-    info_r = info_w = -1
-    if sandboxed:
-        argv = [a.replace("{H}", "/harness").replace("{D}", "/data") for a in argv]
-        info_r, info_w = os.pipe()
-        fds = (*fds, info_w)
-        cmd = isolation.bwrap_argv(isolation.Mounts(data_dir, limits.tmpfs_mb), argv, info_w)
-        uid = isolation.UIDS.acquire() if isolation.drop_to_uid() else None
-        cwd, env = None, None
-    else:
-        argv = [a.replace("{H}", isolation.HARNESS_DIR).replace("{D}", data_dir) for a in argv]
-        cmd, uid = argv, None
-        cwd = tempfile.mkdtemp(dir=data_dir)
-        env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}
+def _cgroup(memory_mb: int) -> memory.SandboxCgroup | None:
+    """A memory cgroup for one sandbox where the machine has them (a failure only warns)."""
+    bound = memory.detect()
+    if bound.kind not in memory.CGROUP_KINDS:
+        return None
     try:
-        popen = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=fds, start_new_session=True, cwd=cwd, env=env,
-            user=uid, group=uid, extra_groups=[] if uid is not None else None,
-        )  # fmt: skip
+        return memory.SandboxCgroup(bound, memory_mb)
+    except OSError as e:
+        log.warning("sandbox: no memory cgroup for this run (%s); memory bound per process", e)
+        return None
+
+
+def _spawn_sandboxed(argv: list[str], files: dict[str, str], fds: tuple[int, ...],
+                     limits: Limits, memory_mb: int) -> _Proc:  # fmt: skip
+    """Start ``argv`` (``{H}``/``{D}`` = harness/data dir) in its own sandbox, with ``files``
+    copied into its /data and, where the machine allows, its own memory cgroup."""
+    argv = [a.replace("{H}", "/harness").replace("{D}", "/data") for a in argv]
+    mounts = isolation.Mounts({n: t.encode() for n, t in files.items()}, limits.tmpfs_mb)
+    info_r, info_w = os.pipe()
+    uid = group = None
+    try:
+        launch = isolation.Launch(mounts, argv, info_w)
+        group = _cgroup(memory_mb)
+        uid = isolation.UIDS.acquire() if isolation.drop_to_uid() else None
+        popen = isolation.start(launch, uid, (*fds, info_w), group)
     except BaseException:
+        os.close(info_r)
         if uid is not None:
             isolation.UIDS.release(uid)
-        if info_r >= 0:
-            os.close(info_r)
+        if group is not None:
+            group.remove()
         raise
     finally:
-        if info_w >= 0:
-            os.close(info_w)
-    return _Proc(popen, uid, info_fd=info_r if info_r >= 0 else None)
+        os.close(info_w)
+    return _Proc(popen, uid, info_fd=info_r, cgroup=group)
+
+
+def _spawn_plain(argv: list[str], files: dict[str, str], fds: tuple[int, ...]) -> _Proc:
+    """Start ``argv`` as a plain process (the unsandboxed fallback), ``files`` in a temp dir."""
+    workdir = tempfile.mkdtemp(prefix="mrl-unsandboxed-")
+    for name, text in files.items():
+        _write(workdir, name, text)
+    argv = [a.replace("{H}", isolation.HARNESS_DIR).replace("{D}", workdir) for a in argv]
+    env = {**isolation.SANDBOX_ENV, "HOME": workdir}
+    try:
+        popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=fds, start_new_session=True, cwd=workdir, env=env,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return _Proc(popen, None, workdir=workdir)
+
+
+def _spawn(argv: list[str], files: dict[str, str], fds: tuple[int, ...], limits: Limits,
+           sandboxed: bool, memory_mb: int) -> _Proc:  # fmt: skip
+    if sandboxed:
+        return _spawn_sandboxed(argv, files, fds, limits, memory_mb)
+    return _spawn_plain(argv, files, fds)
 
 
 def _watch(procs: list[_Proc]) -> None:
@@ -215,7 +244,7 @@ def _exited_by(proc: _Proc, deadline: float) -> bool:
 
 
 def _finish(procs: list[_Proc], got: Collected, limits: Limits) -> None:
-    """Kill what is left, reap every process and free its uid."""
+    """Kill what is left, reap every process, note a cgroup OOM kill and free what it held."""
     for p in procs:
         if got.timed_out or got.output_exceeded:
             _kill(p)
@@ -227,8 +256,26 @@ def _finish(procs: list[_Proc], got: Collected, limits: Limits) -> None:
             if stream is not None:
                 stream.close()
         _end_namespace(p)
-        if p.uid is not None:
-            isolation.UIDS.release(p.uid)
+    got.oom_killed = procs[0].cgroup is not None and procs[0].cgroup.oom_kills() > 0
+    for p in procs:
+        _release(p)
+
+
+def _release(proc: _Proc) -> None:
+    """Once its processes are gone: remove its cgroup and work dir, free its uid."""
+    if proc.popen.returncode is None:
+        _kill(proc)
+        proc.popen.wait()
+    _end_namespace(proc)
+    if proc.cgroup is not None:
+        proc.cgroup.remove()
+        proc.cgroup = None
+    if proc.uid is not None:
+        isolation.UIDS.release(proc.uid)
+        proc.uid = None
+    if proc.workdir is not None:
+        shutil.rmtree(proc.workdir, ignore_errors=True)
+        proc.workdir = None
 
 
 def _write(directory: str, name: str, text: str) -> None:
@@ -254,34 +301,30 @@ def _child_argv(limits: Limits) -> list[str]:
 def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) -> ExecResult:
     """Run ``program`` (and ``tests``) under ``limits``; see the module docstring."""
     start = time.monotonic()
-    root = tempfile.mkdtemp(prefix="mrl-sandbox-")
-    prog_dir, tests_dir = os.path.join(root, "program"), os.path.join(root, "tests")
     procs: list[_Proc] = []
     pipes: list[int] = []
+    solution = {"solution.py": program}
     try:
-        os.chmod(root, 0o755)
-        for d in (prog_dir, tests_dir):
-            os.mkdir(d, 0o755)
-            os.chmod(d, 0o755)
-        _write(prog_dir, "solution.py", program)
         if tests is None:
-            procs.append(_spawn(_child_argv(limits), prog_dir, (), limits, sandboxed))
+            child = _child_argv(limits)
+            procs.append(_spawn(child, solution, (), limits, sandboxed, limits.memory_mb))
             _watch(procs)
             got = _collect(procs, None, limits)
         else:
-            _write(tests_dir, "tests.py", tests)
             req_r, req_w = os.pipe()
             resp_r, resp_w = os.pipe()
             verdict_r, verdict_w = os.pipe()
             pipes = [req_r, req_w, resp_r, resp_w, verdict_r, verdict_w]
             child = _child_argv(limits) + [str(req_r), str(resp_w)]
-            procs.append(_spawn(child, prog_dir, (req_r, resp_w), limits, sandboxed))
+            fds: tuple[int, ...] = (req_r, resp_w)
+            procs.append(_spawn(child, solution, fds, limits, sandboxed, limits.memory_mb))
+            judge_mb = max(limits.memory_mb, 256)
             judge = [
-                _python(), "-I", "-S", "-B", "{H}/judge.py", "{D}/tests.py",
-                str(max(limits.memory_mb, 256)), str(int(limits.timeout_s) + 1),
-                str(req_w), str(resp_r), str(verdict_w),
+                _python(), "-I", "-S", "-B", "{H}/judge.py", "{D}/tests.py", str(judge_mb),
+                str(int(limits.timeout_s) + 1), str(req_w), str(resp_r), str(verdict_w),
             ]  # fmt: skip
-            procs.append(_spawn(judge, tests_dir, (req_w, resp_r, verdict_w), limits, sandboxed))
+            fds, files = (req_w, resp_r, verdict_w), {"tests.py": tests}
+            procs.append(_spawn(judge, files, fds, limits, sandboxed, judge_mb))
             for fd in (req_r, req_w, resp_r, resp_w, verdict_w):
                 os.close(fd)
             pipes = [verdict_r]
@@ -294,13 +337,9 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
         return classify(got, tests is not None, time.monotonic() - start, sandboxed)
     finally:
         for p in procs:
-            if p.popen.returncode is None:
-                _kill(p)
-                p.popen.wait()
-            _end_namespace(p)
+            _release(p)
         for fd in pipes:
             os.close(fd)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_program(

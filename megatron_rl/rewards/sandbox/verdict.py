@@ -32,6 +32,7 @@ class Collected:
     stdout: bytes = b""  # candidate's stdout
     stderr: bytes = b""  # candidate's stderr
     judge_stderr: bytes = b""  # judge's stderr (tests that failed to import, harness bugs)
+    oom_killed: bool = False  # the kernel killed a candidate process at its cgroup's memory limit
 
 
 def _text(data: bytes) -> str:
@@ -122,5 +123,7 @@ def classify(got: Collected, with_tests: bool, duration_s: float, sandboxed: boo
         status, reason = "timeout", "wall-time limit reached"
     elif got.output_exceeded:
         status, reason = "killed", "output limit exceeded"
+    elif got.oom_killed and status != "passed":
+        status, reason = "oom", "the sandbox's memory limit was reached (memory cgroup)"
     res.status, res.reason = status, reason
     return res

@@ -5,7 +5,9 @@ Without the two fds the program runs as ``__main__`` (script mode). With them it
 module ``solution`` and this loop answers the judge's calls. Everything here can be overwritten
 by the candidate once its code runs; that is fine, because nothing here decides the verdict:
 the judge only ever receives plain data (see wire.py), and the limits are set before the
-candidate's first instruction and cannot be raised again by an unprivileged process.
+candidate's first instruction and cannot be raised again by an unprivileged process, and the
+process is confined first (confine.py: no stray fds, an empty session keyring, its own Landlock
+domain).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import traceback
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import confine  # noqa: E402
 import wire  # noqa: E402
 
 COMPILE_ERROR_EXIT = 3  # exit status when the program does not compile
@@ -102,6 +105,9 @@ def serve(code: types.CodeType, req_fd: int, resp_fd: int) -> None:
 
 def main(argv: list[str]) -> None:
     program, memory_mb, cpu_s, nproc, nofile, fsize = argv[:6]
+    confine.close_fds_except({int(fd) for fd in argv[6:8]})
+    confine.leave_session_keyring()
+    confine.enter_landlock()
     set_limits(int(memory_mb), int(cpu_s), int(nproc), int(nofile), int(fsize))
     code = compile_program(program)
     if len(argv) == 8:

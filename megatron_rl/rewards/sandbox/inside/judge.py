@@ -18,6 +18,7 @@ import sys
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import confine  # noqa: E402
 import wire  # noqa: E402
 
 
@@ -133,6 +134,9 @@ def run_tests(tests_path: str, channel: Channel, verdict_fd: int) -> None:
 
 def main(argv: list[str]) -> None:
     tests_path, memory_mb, cpu_s, req_fd, resp_fd, verdict_fd = argv[:6]
+    confine.close_fds_except({int(req_fd), int(resp_fd), int(verdict_fd)})
+    confine.leave_session_keyring()
+    confine.enter_landlock()
     resource.setrlimit(resource.RLIMIT_AS, (int(memory_mb) << 20,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_s),) * 2)
     run_tests(tests_path, Channel(int(req_fd), int(resp_fd)), int(verdict_fd))

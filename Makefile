@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model base-model-wide clean gpu-check gpu-wheels
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context base-model clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -70,12 +70,6 @@ gpu-wheels:
 base-model: setup
 	$(BIN)/megatron-rl sft configs/base_sft.yaml
 	rm -rf models/tiny-base && cp -r runs/base_sft/hf models/tiny-base
-
-# Reproduce the demo's base model: today's models/tiny-base after a continued SFT on the wider
-# tinywide/* domains (configs/base_sft_wide.yaml). Not part of `make demo`, which ships the weights.
-base-model-wide: setup
-	$(BIN)/megatron-rl sft configs/base_sft_wide.yaml
-	mkdir -p models/tiny-base-wide && cp runs/base_sft_wide/hf/* models/tiny-base-wide/
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,12 +1,14 @@
-"""Tiny-model domains with room to generalise (``tinywide/<name>``): the CPU demo's domains.
+"""Tiny-model domains with room to generalise (``tinywide/<name>``).
 
 The ``tiny/*`` level-0 spaces are small enough to memorise (count_bits 63 prompts, chain_sum
 ~200; ``megatron-rl domains check``), so a held-out gain there mostly measures recall of prompts
 the base model saw in SFT. These are the same reasoning-gym generators at wider settings (more
-digits, more terms, longer numbers, more words), one level each, with thousands of distinct
-prompts per level and at least a few hundred in the eval split (the sizes below are the
-``domains check`` estimates of 2026-12-01). The base model ``models/tiny-base-wide`` is today's
-``models/tiny-base`` after a short continued SFT on these (``configs/base_sft_wide.yaml``).
+digits, more terms, longer numbers, more words), one level each, with at least a few hundred
+prompts in the eval split (``domains check`` estimates of 2026-12-01: letter_counting ~3.8e4,
+arith3 ~4.7e3, count_bits ~1.9e3, chain_sum ~1.6e3, add ~530). The CPU demo trains on
+``letter_counting`` and ``count_bits`` (with two ``tinymix`` letter-counting variants) from the
+shipped ``models/tiny-base``; ``configs/base_sft_wide.yaml`` is a continued SFT on all five that
+was tried as a demo base and dropped (docs/LOG.md).
 """
 
 from __future__ import annotations

@@ -24,14 +24,23 @@ PLUS_MINUS = {"operators": ("+", "-"), "allow_parentheses": False, "allow_negati
 # name -> (generator, its one level's config, settings shared by all levels)
 SPECS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # "a + b" with 1-2 digit terms
-    "add": ("basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
-            ADD_ONLY),  # fmt: skip
+    "add": (
+        "basic_arithmetic",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        ADD_ONLY,
+    ),
     # three 1-digit terms with + and -
-    "arith3": ("basic_arithmetic", {"min_terms": 3, "max_terms": 3, "min_digits": 1,
-               "max_digits": 1}, PLUS_MINUS),  # fmt: skip
+    "arith3": (
+        "basic_arithmetic",
+        {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+        PLUS_MINUS,
+    ),
     # chain sums of 2 terms of 1-2 digits (the tiny/chain_sum level 1 setting)
-    "chain_sum": ("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
-                  {}),  # fmt: skip
+    "chain_sum": (
+        "chain_sum",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        {},
+    ),
     # set bits of a number below 2048 (11 bits)
     "count_bits": ("count_bits", {"min_n": 1, "max_n": 2047}, {}),
     # one letter counted over 3-4 words
@@ -41,5 +50,7 @@ SPECS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 
 def wide_domains() -> list[Domain]:
     """The ``tinywide/*`` domains (registered through the ``tiny`` entry point)."""
-    return [TinyDomain(gen, f"tinywide/{name}", [cfg], common)
-            for name, (gen, cfg, common) in SPECS.items()]  # fmt: skip
+    return [
+        TinyDomain(gen, f"tinywide/{name}", [cfg], common)
+        for name, (gen, cfg, common) in SPECS.items()
+    ]

@@ -153,6 +153,11 @@ def test_measure_level_flags_small_spaces() -> None:
     assert set(small.flags) == {"small_eval", "small_space"}
     big = measure_level(SumDomain(200), 0, max_draws=2048, budget_s=10.0)  # 40,000 prompts
     assert big.flags == [] and big.space.estimate > 10_000
+    # stopped once repeat-free draws proved both limits, long before the 2,048-draw cap
+    assert big.space.draws < 512 and big.space.distinct == big.space.draws
+    assert big.eval.at_least >= 128 and big.space.at_least >= 1000
+    mid = measure_level(SumDomain(40), 0, max_draws=2048, budget_s=10.0)  # 1,600: repeats soon
+    assert mid.space.draws == 2048 and mid.space.estimate == pytest.approx(1600, rel=0.15)
     capped = measure_level(SumDomain(200), 0, max_draws=20, budget_s=10.0)
     assert capped.space.draws == 20 and capped.flags == ["unknown"]  # too few draws to tell
 

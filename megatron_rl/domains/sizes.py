@@ -43,6 +43,8 @@ from megatron_rl.domains.base import SPLITS, Domain, split_of, stable_int
 
 MIN_EVAL_PROMPTS = 128  # fewer distinct eval prompts than this: a level cannot show generalisation
 MIN_SPACE = 1000  # a whole prompt space under this is small enough to memorise
+DECIDE_EVERY = 32  # draws between checks whether repeat-free draws already cleared both limits
+HANG_S = 10.0  # CPU seconds one draw may take before it counts as a hang
 CACHE_FILE = "domain_sizes.json"
 _LN20 = math.log(20.0)
 
@@ -181,6 +183,19 @@ def _cpu_limit(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGVTALRM, previous)
 
 
+def _room_shown(by_split: dict[str, list[str]]) -> bool:
+    """True once repeat-free draws already prove both limits (eval split >= MIN_EVAL_PROMPTS,
+    whole space >= MIN_SPACE at 95%): no flag can fire, so more draws would only refine a
+    number that is large anyway (the estimate then prints as a lower bound, ``>=N``)."""
+    ev, both = by_split["eval"], by_split["train"] + by_split["eval"]
+    if len(set(both)) < len(both):
+        return False  # a repeat: the lower bound is just the distinct count; keep drawing
+    return (
+        space_lower_bound(len(ev), len(ev)) >= MIN_EVAL_PROMPTS
+        and space_lower_bound(len(both), len(both)) >= MIN_SPACE
+    )
+
+
 def _draw(
     d: Domain, level: int, seed: int, max_draws: int, budget_s: float, hang_s: float
 ) -> dict[str, list[str]]:
@@ -190,6 +205,8 @@ def _draw(
     raw = type(d).task is Domain.task
     for i in range(max_draws):
         if i and time.process_time() - start > budget_s:
+            break
+        if i and i % DECIDE_EVERY == 0 and _room_shown(by_split):
             break
         with _cpu_limit(hang_s, f"{d.name} level {level}, draw {i}"):
             if not raw:
@@ -214,11 +231,12 @@ def measure_level(
     seed: int = 0,
     max_draws: int = 2048,
     budget_s: float = 0.25,
-    hang_s: float = 20.0,
+    hang_s: float = HANG_S,
 ) -> LevelSize:
     """Estimate the distinct prompts of ``d`` at ``level`` per split from at most ``max_draws``
-    draws, stopping early after ``budget_s`` seconds of CPU (at least one draw); a draw that
-    takes more than ``hang_s`` seconds of CPU raises :class:`GeneratorHang`."""
+    draws, stopping early after ``budget_s`` seconds of CPU (at least one draw) or once
+    repeat-free draws prove the level has room (:func:`_room_shown`); a draw that takes more
+    than ``hang_s`` seconds of CPU raises :class:`GeneratorHang`."""
     start = time.process_time()
     counts = d.prompt_counts(level)
     if counts is not None:

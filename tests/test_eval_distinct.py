@@ -217,3 +217,21 @@ class LoopingDomain(SumDomain):
 def test_a_generator_that_hangs_is_reported_not_waited_for() -> None:
     with pytest.raises(GeneratorHang, match="test/sum6 level 0, draw .*: still running"):
         measure_level(LoopingDomain(), 0, max_draws=100, budget_s=60.0, hang_s=0.3)
+
+
+def test_the_demo_trains_on_domains_with_room() -> None:
+    """Every domain of configs/demo_cpu.yaml holds >= 128 distinct eval prompts and >= 1,000 in
+    all at the demo's level, so its held-out eval has 128 distinct prompts per domain."""
+    from megatron_rl.config import load_config
+    from megatron_rl.domains import load_domains
+
+    cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", ["tracking.wandb=disabled"])
+    domains = load_domains(cfg.domains.include)
+    assert len(domains) == 4
+    for d in domains.values():
+        size = measure_level(d, cfg.domains.level or 0, max_draws=2048, budget_s=10.0)
+        assert size.flags == [], (d.name, size.to_json())
+        assert (
+            len(build_prompt_set({d.name: d}, 128, cfg.seed, cfg.domains.level).tasks[d.name])
+            == 128
+        )

@@ -235,3 +235,39 @@ def test_the_demo_trains_on_domains_with_room() -> None:
             len(build_prompt_set({d.name: d}, 128, cfg.seed, cfg.domains.level).tasks[d.name])
             == 128
         )
+
+
+def test_a_collapse_to_the_majority_answer_is_shown_beside_the_gain() -> None:
+    """A policy that answers "1" to every prompt gains up to the share of golds that are "1";
+    the summary rows give that constant baseline and the share of the most common answer."""
+    from megatron_rl.train.evaluate import EvalResult
+    from megatron_rl.train.prompt_sets import PromptSet
+    from megatron_rl.train.rl_eval import constant_baseline, domain_rows, format_table
+
+    golds = ["1"] * 6 + ["2"] * 3 + ["3"]
+    tasks = [Task("d", "eval", 0, f"id{i}", f"p{i}", g) for i, g in enumerate(golds)]
+
+    def sweep(answers: list[str]) -> dict[str, Any]:
+        res = EvalResult(requested=10)
+        res.scores["d"] = [float(a == g) for a, g in zip(answers, golds, strict=True)]
+        res.levels["d"], res.stderr["d"] = [0] * 10, stderr_of(res.scores["d"])
+        res.accuracy["d"] = sum(res.scores["d"]) / 10
+        res.records = [(t, a, s) for t, a, s in zip(tasks, answers, res.scores["d"], strict=True)]
+        held = PromptSet("eval", 10, tasks={"d": tasks})
+        return {
+            "accuracy": res.accuracy,
+            "result": res.to_json(),
+            "constant": constant_baseline(held),
+        }
+
+    before = sweep(["1", "2", "2", "3", "1", "2", "2", "3", "1", "2"])  # 3 right, varied
+    after = sweep(["1"] * 10)  # one answer for all: 6 right
+    row = domain_rows(before, after)["d"]
+    assert row["gain"] == pytest.approx(0.3) and row["constant_baseline"] == pytest.approx(0.6)
+    assert row["top_answer_share_before"] == pytest.approx(0.5)
+    assert row["top_answer_share_after"] == 1.0
+    assert after["result"]["top_answer_share"] == {"d": 1.0}
+    summary = {"domains": {"d": row}, "mean_before": 0.3, "mean_after": 0.6, "mean_gain": 0.3}
+    summary.update(metric={"temperature": 0.0}, steps=1, wall_s=1.0, run_dir="r")
+    table = format_table(summary)
+    assert "0.600  0.50/1.00" in table and "most common gold" in table

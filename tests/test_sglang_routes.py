@@ -108,4 +108,4 @@ def test_server_without_routed_experts_refuses_the_request(tmp_path: Path) -> No
 def test_sglang_servers_are_started_with_routed_experts_for_replay() -> None:
     rollout = RolloutConfig()
     assert "--enable-return-routed-experts" in sglang_server_args(rollout, routed_experts=True)
-    assert "--enable-return-routed-experts" not in sglang_server_args(rollout, 1)
+    assert "--enable-return-routed-experts" not in sglang_server_args(rollout)

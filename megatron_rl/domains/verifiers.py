@@ -5,8 +5,9 @@ The JSONL task sets of the library (``megatron_rl/domains/jsonl.py``: ``verifier
 ``domains/tool_use.py``, ``domains/code.py``) score answers with the same functions; they live
 here so that the library never imports the plugin package (plugins import the library).
 
-Timeouts of :func:`math_equal`: ``math-verify`` bounds parsing and comparison with
-``signal.alarm``, which only works in a process's main thread. The timeouts are passed only on
+Timeouts of :func:`math_equal` (answers only; golds are trusted and parsed without one):
+``math-verify`` bounds parsing and comparison with ``signal.alarm``, which only works in a
+process's main thread. The timeouts are passed only on
 the main thread (inline scoring, and the verifier pool's worker processes, whose tasks run on
 their main thread); on any other thread they are disabled, relying on a domain's answer length
 cap (``MATH_MAX_CHARS``: longer answers never reach the parser) to bound the work.
@@ -14,6 +15,7 @@ cap (``MATH_MAX_CHARS``: longer answers never reach the parser) to bound the wor
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from typing import Any
@@ -32,13 +34,24 @@ def math_equal(gold: str, answer: str) -> tuple[bool, bool]:
     from math_verify import parse, verify
 
     t = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    g = parse(f"${gold}$", parsing_timeout=t)  # type: ignore[arg-type]
+    g = _parse_gold(gold)
     bare_latex = "\\" in answer and "$" not in answer and "\\boxed" not in answer
     # bare LaTeX ("3\\sqrt{7}") is only read whole inside $...$; plain text parses as is
     p = parse(f"${answer}$" if bare_latex else answer, parsing_timeout=t)  # type: ignore[arg-type]
     if not p:
         return False, False
     return bool(verify(g, p, timeout_seconds=t)), True
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> Any:
+    """A gold answer parsed without a timeout: golds come from the task sets (trusted, short),
+    and the first parse in a process also loads math-verify's grammar, which took over
+    ``MATH_TIMEOUT_S`` of wall time on a loaded machine and turned a right answer's reward into
+    0. Cached: a group's answers share their gold."""
+    from math_verify import parse
+
+    return parse(f"${gold}$", parsing_timeout=None)  # type: ignore[arg-type]
 
 
 def numbers_equal(gold: str, answer: str) -> tuple[bool, bool]:

@@ -212,6 +212,16 @@ class TokenRotaryEmbedding(torch.nn.Module):
         super().__init__()
         self.inner = inner
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (``inv_freq``, ``rotary_interleaved``...) is the wrapped module's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__["_modules"].get("inner")
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
     def get_rotary_seq_len(self, *args: Any, **kwargs: Any) -> Any:
         packed = kwargs.get("packed_seq_params", args[4] if len(args) > 4 else None)
         positions = getattr(packed, "rope_positions", None)

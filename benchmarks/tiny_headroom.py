@@ -2,8 +2,9 @@
 
 The numbers that decide whether RL on a domain can learn anything: a domain where pass@8 is ~0
 gives GRPO no reward variance (no signal); one where greedy is already ~1 has nothing to gain.
-Same protocol as the 2026-11-30 headroom figures in docs/LOG.md: held-out tasks at level 0,
-one greedy answer and 8 samples at T=1 per task, the domain's own verifier.
+Held-out prompts are distinct, each once (``megatron_rl/train/prompt_sets.py``), at each
+``--levels`` level (default the easiest); one greedy answer and 8 samples at T=1 per prompt, the
+domain's own verifier. (The 2026-11-30 figures in docs/LOG.md drew tasks with repeats.)
 
     .venv/bin/python benchmarks/tiny_headroom.py --domains 'tiny/*' 'tinymix/*' --all-candidates
 """
@@ -36,23 +37,29 @@ def pick_domains(patterns: list[str], all_candidates: bool) -> dict[str, Any]:
     return dict(sorted(chosen.items()))
 
 
-def headroom(engine: Any, tok: Any, domain: Any, n: int, k: int, seed: int) -> dict[str, float]:
-    """Greedy accuracy, mean pass@1 at T=1 and pass@k at T=1 over ``n`` eval tasks."""
+def headroom(
+    engine: Any, tok: Any, domain: Any, n: int, k: int, seed: int, level: int, split: str = "eval"
+) -> dict[str, float]:
+    """Greedy accuracy, mean pass@1 at T=1 and pass@k at T=1 over up to ``n`` distinct prompts of
+    ``split`` at ``level`` (each once; fewer where the split holds fewer)."""
     from megatron_rl.model.tokenizer import prompt_ids
     from megatron_rl.rollout.base import GenRequest, SamplingParams
+    from megatron_rl.train.prompt_sets import build_prompt_set
 
-    tasks = [domain.task("eval", i, domain.levels[0], seed) for i in range(n)]
+    tasks = build_prompt_set({domain.name: domain}, n, seed, level, split).tasks[domain.name]
+    m = len(tasks)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, n=1, seed=seed)
     sample = SamplingParams(temperature=1.0, max_tokens=24, n=k, seed=seed)
     reqs = [GenRequest(prompt_ids(tok, t.prompt), p) for p in (greedy, sample) for t in tasks]
     outs = engine.generate(reqs)
-    g = [domain.verify(t, o[0].text).score for t, o in zip(tasks, outs[:n], strict=True)]
-    s = [[domain.verify(t, c.text).score for c in o] for t, o in zip(tasks, outs[n:], strict=True)]
+    g = [domain.verify(t, o[0].text).score for t, o in zip(tasks, outs[:m], strict=True)]
+    s = [[domain.verify(t, c.text).score for c in o] for t, o in zip(tasks, outs[m:], strict=True)]
     return {
-        "greedy": sum(g) / n,
-        "pass1_t1": sum(sum(r) / k for r in s) / n,
-        f"pass{k}_t1": sum(max(r) for r in s) / n,
-        "mixed_groups": sum(0 < sum(r) < k for r in s) / n,  # groups with reward variance
+        "distinct": m,
+        "greedy": sum(g) / m,
+        "pass1_t1": sum(sum(r) / k for r in s) / m,
+        f"pass{k}_t1": sum(max(r) for r in s) / m,
+        "mixed_groups": sum(0 < sum(r) < k for r in s) / m,  # groups with reward variance
     }
 
 
@@ -61,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
     ap.add_argument("--domains", nargs="+", default=["tiny/*", "tinymix/*"])
     ap.add_argument("--all-candidates", action="store_true", help="unregistered tinymix too")
-    ap.add_argument("--n", type=int, default=48, help="held-out tasks per domain")
+    ap.add_argument("--n", type=int, default=48, help="distinct held-out prompts per domain")
+    ap.add_argument("--levels", type=int, nargs="*", default=None, help="default: the easiest")
+    ap.add_argument("--split", choices=["eval", "train"], default="eval")
     ap.add_argument("--k", type=int, default=8, help="samples per task at T=1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the table here")
@@ -76,16 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(RolloutConfig(engine="hf"), a.model, a.seed)
     tok = load_tokenizer(a.model)
     rows: dict[str, dict[str, float]] = {}
-    print(f"{'domain':<34} greedy pass@1 pass@{a.k} mixed   (n={a.n}, T=1, seed {a.seed})")
+    print(f"{'domain@level':<36} prompts greedy pass@1 pass@{a.k} mixed  (T=1, seed {a.seed})")
     for name, d in pick_domains(a.domains, a.all_candidates).items():
-        t0 = time.time()
-        rows[name] = headroom(engine, tok, d, a.n, a.k, a.seed)
-        r = rows[name]
-        print(
-            f"{name:<34} {r['greedy']:6.3f} {r['pass1_t1']:6.3f} {r[f'pass{a.k}_t1']:6.3f} "
-            f"{r['mixed_groups']:5.2f}   {time.time() - t0:.1f} s",
-            flush=True,
-        )
+        for level in a.levels if a.levels is not None else [d.levels[0]]:
+            if level not in d.levels:
+                continue
+            t0 = time.time()
+            key = f"{name}@{level}" if len(d.levels) > 1 else name
+            rows[key] = r = headroom(engine, tok, d, a.n, a.k, a.seed, level, a.split)
+            print(
+                f"{key:<36} {r['distinct']:7d} {r['greedy']:6.3f} {r['pass1_t1']:6.3f} "
+                f"{r[f'pass{a.k}_t1']:6.3f} {r['mixed_groups']:5.2f}  {time.time() - t0:.1f} s",
+                flush=True,
+            )
     engine.shutdown()
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2))

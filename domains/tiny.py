@@ -105,12 +105,13 @@ class TinyDomain(Domain):
 
 def domains() -> list[Domain]:
     """Entry point of the ``tiny`` family, and of ``tinymix`` (see :mod:`domains.tiny_mix`) and
-    ``tinysched`` (:mod:`domains.tiny_sched`).
+    ``tinysched`` (:mod:`domains.tiny_sched`), ``tinywide`` (:mod:`domains.tiny_wide`).
 
-    ``tinymix/*`` and ``tinysched/*`` ride on this entry point rather than their own, so that an
-    existing editable install sees them without re-installing the package.
+    ``tinymix/*``, ``tinysched/*`` and ``tinywide/*`` ride on this entry point rather than their
+    own, so that an existing editable install sees them without re-installing the package.
     """
     from domains.tiny_mix import mix_domains
     from domains.tiny_sched import sched_domains
+    from domains.tiny_wide import wide_domains
 
-    return [TinyDomain(g) for g in CONFIGS] + mix_domains() + sched_domains()
+    return [TinyDomain(g) for g in CONFIGS] + mix_domains() + sched_domains() + wide_domains()

@@ -18,7 +18,12 @@ import pytest
 import torch
 
 from megatron_rl.domains import Domain, Task, split_of
-from megatron_rl.domains.sizes import estimate_space, measure_level, space_lower_bound
+from megatron_rl.domains.sizes import (
+    GeneratorHang,
+    estimate_space,
+    measure_level,
+    space_lower_bound,
+)
 from megatron_rl.train.evaluate import evaluate, paired_difference, stderr_of
 from megatron_rl.train.prompt_sets import build_prompt_set, level_quotas
 
@@ -148,6 +153,11 @@ def test_measure_level_flags_small_spaces() -> None:
     assert set(small.flags) == {"small_eval", "small_space"}
     big = measure_level(SumDomain(200), 0, max_draws=2048, budget_s=10.0)  # 40,000 prompts
     assert big.flags == [] and big.space.estimate > 10_000
+    # stopped once repeat-free draws proved both limits, long before the 2,048-draw cap
+    assert big.space.draws < 512 and big.space.distinct == big.space.draws
+    assert big.eval.at_least >= 128 and big.space.at_least >= 1000
+    mid = measure_level(SumDomain(40), 0, max_draws=2048, budget_s=10.0)  # 1,600: repeats soon
+    assert mid.space.draws == 2048 and mid.space.estimate == pytest.approx(1600, rel=0.15)
     capped = measure_level(SumDomain(200), 0, max_draws=20, budget_s=10.0)
     assert capped.space.draws == 20 and capped.flags == ["unknown"]  # too few draws to tell
 
@@ -192,3 +202,72 @@ def test_curves_skip_per_level_accuracies() -> None:
     assert _is_eval_key("eval/tiny/count_bits/accuracy")
     assert not _is_eval_key("eval/tiny/count_bits/level2/accuracy")
     assert not _is_eval_key("eval_train/tiny/count_bits/accuracy")
+
+
+class LoopingDomain(SumDomain):
+    """Loops forever on some draws, as reasoning-gym's arc_1d does at level 3."""
+
+    def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
+        if rng.random() < 0.2:
+            while True:
+                rng.random()
+        return super().generate(level, rng)
+
+
+def test_a_generator_that_hangs_is_reported_not_waited_for() -> None:
+    with pytest.raises(GeneratorHang, match="test/sum6 level 0, draw .*: still running"):
+        measure_level(LoopingDomain(), 0, max_draws=100, budget_s=60.0, hang_s=0.3)
+
+
+def test_the_demo_trains_on_domains_with_room() -> None:
+    """Every domain of configs/demo_cpu.yaml holds >= 128 distinct eval prompts and >= 1,000 in
+    all at the demo's level, so its held-out eval has 128 distinct prompts per domain."""
+    from megatron_rl.config import load_config
+    from megatron_rl.domains import load_domains
+
+    cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", ["tracking.wandb=disabled"])
+    domains = load_domains(cfg.domains.include)
+    assert len(domains) == 4
+    for d in domains.values():
+        size = measure_level(d, cfg.domains.level or 0, max_draws=2048, budget_s=10.0)
+        assert size.flags == [], (d.name, size.to_json())
+        assert (
+            len(build_prompt_set({d.name: d}, 128, cfg.seed, cfg.domains.level).tasks[d.name])
+            == 128
+        )
+
+
+def test_a_collapse_to_the_majority_answer_is_shown_beside_the_gain() -> None:
+    """A policy that answers "1" to every prompt gains up to the share of golds that are "1";
+    the summary rows give that constant baseline and the share of the most common answer."""
+    from megatron_rl.train.evaluate import EvalResult
+    from megatron_rl.train.prompt_sets import PromptSet
+    from megatron_rl.train.rl_eval import constant_baseline, domain_rows, format_table
+
+    golds = ["1"] * 6 + ["2"] * 3 + ["3"]
+    tasks = [Task("d", "eval", 0, f"id{i}", f"p{i}", g) for i, g in enumerate(golds)]
+
+    def sweep(answers: list[str]) -> dict[str, Any]:
+        res = EvalResult(requested=10)
+        res.scores["d"] = [float(a == g) for a, g in zip(answers, golds, strict=True)]
+        res.levels["d"], res.stderr["d"] = [0] * 10, stderr_of(res.scores["d"])
+        res.accuracy["d"] = sum(res.scores["d"]) / 10
+        res.records = [(t, a, s) for t, a, s in zip(tasks, answers, res.scores["d"], strict=True)]
+        held = PromptSet("eval", 10, tasks={"d": tasks})
+        return {
+            "accuracy": res.accuracy,
+            "result": res.to_json(),
+            "constant": constant_baseline(held),
+        }
+
+    before = sweep(["1", "2", "2", "3", "1", "2", "2", "3", "1", "2"])  # 3 right, varied
+    after = sweep(["1"] * 10)  # one answer for all: 6 right
+    row = domain_rows(before, after)["d"]
+    assert row["gain"] == pytest.approx(0.3) and row["constant_baseline"] == pytest.approx(0.6)
+    assert row["top_answer_share_before"] == pytest.approx(0.5)
+    assert row["top_answer_share_after"] == 1.0
+    assert after["result"]["top_answer_share"] == {"d": 1.0}
+    summary = {"domains": {"d": row}, "mean_before": 0.3, "mean_after": 0.6, "mean_gain": 0.3}
+    summary.update(metric={"temperature": 0.0}, steps=1, wall_s=1.0, run_dir="r")
+    table = format_table(summary)
+    assert "0.600  0.50/1.00" in table and "most common gold" in table

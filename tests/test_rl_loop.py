@@ -99,7 +99,8 @@ def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None
     assert row["distinct"] == n_eval and row["requested"] == 64  # each distinct prompt once
     assert row["train_distinct"] == 5
     for k in ("before", "after", "stderr_before", "stderr_after", "gain", "gain_stderr",
-              "train_before", "train_after", "gap_before", "gap_after"):  # fmt: skip
+              "train_before", "train_after", "gap_before", "gap_after", "constant_baseline",
+              "top_answer_share_before", "top_answer_share_after"):  # fmt: skip
         assert isinstance(row[k], float), (k, row)
     assert row["gain"] == pytest.approx(row["after"] - row["before"], abs=1e-6)
     assert row["gap_after"] == pytest.approx(row["train_after"] - row["after"], abs=1e-6)

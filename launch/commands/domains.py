@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sizes", action="store_true", help="skip the prompt-space estimate")
     p.add_argument("--size-draws", type=int, default=2048, help="most draws per level (sizes)")
     p.add_argument(
-        "--size-budget", type=float, default=0.25, help="seconds of draws per level (sizes)"
+        "--size-budget", type=float, default=0.25, help="CPU seconds of draws per level (sizes)"
     )
     p = sub.add_parser("export-failures", help=f"RUN_DIR/{FAILURES_FILE} -> JSONL task set")
     p.add_argument("run_dir")
@@ -103,15 +103,19 @@ def _check(args: argparse.Namespace) -> int:
     if args.sample_domains and args.sample_domains < len(names):
         names = sorted(random.Random(args.seed).sample(names, args.sample_domains))
     failed, measured = 0, {}
+    hung: list[str] = []
     for name in names:
         rep = check_domain(domains[name], samples=args.samples, seed=args.seed)
         status = "ok  " if rep.ok else "FAIL"
-        print(f"{status} {name:40s} {rep.seconds:6.2f}s  max verify {rep.max_verify_s:.3f}s")
+        print(
+            f"{status} {name:40s} {rep.seconds:6.2f}s  max verify {rep.max_verify_s:.3f}s",
+            flush=True,
+        )
         for f in rep.failures[:5]:
             print(f"     - {f}")
         failed += not rep.ok
         if not args.no_sizes and rep.ok:
-            measured[name] = _sizes(domains[name], args)
+            measured[name] = _sizes(domains[name], args, hung)
     print(
         f"{len(names) - failed}/{len(names)} domains pass the contract; {n_errors} plugin error(s)"
     )
@@ -124,22 +128,30 @@ def _check(args: argparse.Namespace) -> int:
             f"{sizes.MIN_EVAL_PROMPTS} distinct or space < {sizes.MIN_SPACE}, or too few draws "
             f"to tell); recorded in {path}"
         )
+    if hung:
+        print(f"generators that hung (a run drawing them would hang too): {', '.join(hung)}")
     return 1 if failed or n_errors else 0
 
 
-def _sizes(d: Domain, args: argparse.Namespace) -> list[sizes.LevelSize]:
-    """Estimate and print the prompt space of every level of ``d``."""
+def _sizes(d: Domain, args: argparse.Namespace, hung: list[str]) -> list[sizes.LevelSize]:
+    """Estimate and print the prompt space of every level of ``d``; levels whose generator hung
+    are appended to ``hung``."""
     out = []
     for level in d.levels:
         try:
             s = sizes.measure_level(d, level, args.seed, args.size_draws, args.size_budget)
+        except sizes.GeneratorHang as e:  # a training run that draws this task would hang
+            print(f"     level {level}: FLAG hang: the generator {e}", flush=True)
+            hung.append(f"{d.name} level {level}")
+            continue
         except Exception as e:  # the contract passed, so this is a rare generator failure
             print(f"     level {level}: size estimate failed: {type(e).__name__}: {e}")
             continue
         flags = f"  FLAG {','.join(s.flags)}" if s.flags else ""
         print(
             f"     level {level}: train {s.train.show()}, eval {s.eval.show()}, "
-            f"space {s.space.show()} ({s.space.draws} draws, {s.seconds:.2f}s){flags}"
+            f"space {s.space.show()} ({s.space.draws} draws, {s.seconds:.2f}s){flags}",
+            flush=True,
         )
         out.append(s)
     return out

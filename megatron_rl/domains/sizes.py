@@ -15,6 +15,11 @@ eval-split draws follow the distribution of eval tasks). Task sets with a finite
 exact counts (:meth:`Domain.prompt_counts`); other domains that override ``task`` are drawn
 through ``task`` itself.
 
+Each draw runs under a CPU-time limit (``hang_s``; SIGVTALRM, main thread only): a generator
+that loops forever for some seeds (reasoning-gym 0.1.25's ``arc_1d`` at level 3 does: it looks
+for 10 distinct colours among 9) raises :class:`GeneratorHang` naming the draw, instead of
+hanging the check.
+
 ``megatron-rl domains check`` records its measurements in :func:`cache_path` (under the user's
 cache directory, never a tracked file); ``domains list --json`` shows them.
 """
@@ -25,7 +30,11 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,8 @@ from megatron_rl.domains.base import SPLITS, Domain, split_of, stable_int
 
 MIN_EVAL_PROMPTS = 128  # fewer distinct eval prompts than this: a level cannot show generalisation
 MIN_SPACE = 1000  # a whole prompt space under this is small enough to memorise
+DECIDE_EVERY = 32  # draws between checks whether repeat-free draws already cleared both limits
+HANG_S = 10.0  # CPU seconds one draw may take before it counts as a hang
 CACHE_FILE = "domain_sizes.json"
 _LN20 = math.log(20.0)
 
@@ -98,7 +109,7 @@ class LevelSize:
     train: SplitSize
     eval: SplitSize
     space: SplitSize  # both splits together
-    seconds: float  # time the draws took
+    seconds: float  # CPU time the draws took
 
     @property
     def flags(self) -> list[str]:
@@ -144,50 +155,100 @@ def _exact(counts: dict[str, int]) -> dict[str, SplitSize]:
     return out
 
 
+class GeneratorHang(BaseException):
+    """A generator draw ran past its CPU-time limit: a run that draws it would hang.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``): it arrives asynchronously, and the
+    ``except Exception`` that skips failing draws (here and in ``Domain.task``) must not eat it.
+    """
+
+
+@contextmanager
+def _cpu_limit(seconds: float, what: str) -> Iterator[None]:
+    """Raise :class:`GeneratorHang` inside the block after ``seconds`` of process CPU time (no
+    limit off the main thread, where signals cannot be delivered)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise GeneratorHang(f"{what}: still running after {seconds:g} s of CPU")
+
+    previous = signal.signal(signal.SIGVTALRM, fire)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
+def _room_shown(by_split: dict[str, list[str]]) -> bool:
+    """True once repeat-free draws already prove both limits (eval split >= MIN_EVAL_PROMPTS,
+    whole space >= MIN_SPACE at 95%): no flag can fire, so more draws would only refine a
+    number that is large anyway (the estimate then prints as a lower bound, ``>=N``)."""
+    ev, both = by_split["eval"], by_split["train"] + by_split["eval"]
+    if len(set(both)) < len(both):
+        return False  # a repeat: the lower bound is just the distinct count; keep drawing
+    return (
+        space_lower_bound(len(ev), len(ev)) >= MIN_EVAL_PROMPTS
+        and space_lower_bound(len(both), len(both)) >= MIN_SPACE
+    )
+
+
 def _draw(
-    d: Domain, level: int, seed: int, max_draws: int, budget_s: float
+    d: Domain, level: int, seed: int, max_draws: int, budget_s: float, hang_s: float
 ) -> dict[str, list[str]]:
     """Prompts per split from raw generator candidates (or ``task`` where it is overridden)."""
     by_split: dict[str, list[str]] = {s: [] for s in SPLITS}
-    start, errors = time.perf_counter(), 0
+    start, errors = time.process_time(), 0  # CPU time: the same draws on a busy machine
     raw = type(d).task is Domain.task
     for i in range(max_draws):
-        if i and time.perf_counter() - start > budget_s:
+        if i and time.process_time() - start > budget_s:
             break
-        if raw:
+        if i and i % DECIDE_EVERY == 0 and _room_shown(by_split):
+            break
+        with _cpu_limit(hang_s, f"{d.name} level {level}, draw {i}"):
+            if not raw:
+                for split in d.splits:
+                    by_split[split].append(d.task(split, i, level, seed).prompt)
+                continue
             try:
-                prompt = d.generate(
-                    level, random.Random(stable_int(d.name, "size", seed, level, i))
-                )[0]
+                rng = random.Random(stable_int(d.name, "size", seed, level, i))
+                prompt = d.generate(level, rng)[0]
             except Exception:  # the generator fails for some seeds; task() skips those draws too
                 errors += 1
                 if errors > max(8, i // 2):
                     raise
                 continue
-            by_split[split_of(prompt)].append(prompt)
-        else:
-            for split in d.splits:
-                by_split[split].append(d.task(split, i, level, seed).prompt)
+        by_split[split_of(prompt)].append(prompt)
     return by_split
 
 
 def measure_level(
-    d: Domain, level: int, seed: int = 0, max_draws: int = 2048, budget_s: float = 0.25
+    d: Domain,
+    level: int,
+    seed: int = 0,
+    max_draws: int = 2048,
+    budget_s: float = 0.25,
+    hang_s: float = HANG_S,
 ) -> LevelSize:
     """Estimate the distinct prompts of ``d`` at ``level`` per split from at most ``max_draws``
-    draws, stopping early after ``budget_s`` seconds (at least one draw is made)."""
-    start = time.perf_counter()
+    draws, stopping early after ``budget_s`` seconds of CPU (at least one draw) or once
+    repeat-free draws prove the level has room (:func:`_room_shown`); a draw that takes more
+    than ``hang_s`` seconds of CPU raises :class:`GeneratorHang`."""
+    start = time.process_time()
     counts = d.prompt_counts(level)
     if counts is not None:
         sizes = _exact({s: counts.get(s, 0) for s in SPLITS})
     else:
-        by_split = _draw(d, level, seed, max_draws, budget_s)
+        by_split = _draw(d, level, seed, max_draws, budget_s, hang_s)
         sizes = {s: _split_size(p) for s, p in by_split.items()}
         sizes["space"] = _split_size(by_split["train"] + by_split["eval"])
         if type(d).task is not Domain.task:  # split draws were made apart: add their estimates
             sizes["space"] = _sum_sizes(sizes["train"], sizes["eval"])
     return LevelSize(
-        level, sizes["train"], sizes["eval"], sizes["space"], time.perf_counter() - start
+        level, sizes["train"], sizes["eval"], sizes["space"], time.process_time() - start
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,15 @@ class EvalResult:
         return sum(self.accuracy.values()) / max(1, len(self.accuracy))
 
     @property
+    def top_answer_share(self) -> dict[str, float]:
+        """Per domain, the share of prompts whose (first) answer is the domain's most common
+        answer: 1.0 when the policy gives one answer to every prompt (a collapse to a constant)."""
+        answers: dict[str, Counter[str]] = {}
+        for task, text, _ in self.records:
+            answers.setdefault(task.domain, Counter())[text.strip()] += 1
+        return {d: c.most_common(1)[0][1] / sum(c.values()) for d, c in answers.items()}
+
+    @property
     def mean_stderr(self) -> float:
         return mean_stderr(list(self.stderr.values()))
 
@@ -95,13 +105,16 @@ class EvalResult:
         return {lv: sum(v) / len(v) for lv, v in sorted(out.items())}
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        """``<prefix>/<domain>/{accuracy,stderr,distinct}``, per level where a domain has several
-        (``<prefix>/<domain>/level<L>/accuracy``), ``<prefix>/mean_accuracy``,
+        """``<prefix>/<domain>/{accuracy,stderr,distinct,top_answer_share}``, per level where a
+        domain has several (``<prefix>/<domain>/level<L>/accuracy``), ``<prefix>/mean_accuracy``,
         ``<prefix>/mean_stderr`` and ``<prefix>/verifier_errors``."""
         out: dict[str, float] = {}
+        top = self.top_answer_share
         for k, acc in self.accuracy.items():
             out[f"{prefix}/{k}/accuracy"] = acc
             out[f"{prefix}/{k}/distinct"] = float(len(self.scores[k]))
+            if k in top:
+                out[f"{prefix}/{k}/top_answer_share"] = top[k]
             if math.isfinite(self.stderr[k]):
                 out[f"{prefix}/{k}/stderr"] = self.stderr[k]
             levels = self.by_level(k)
@@ -121,6 +134,7 @@ class EvalResult:
             "levels": self.levels,
             "stderr": {k: _finite(v) for k, v in self.stderr.items()},
             "requested": self.requested,
+            "top_answer_share": self.top_answer_share,
             "samples_per_prompt": self.samples_per_prompt,
             "temperature": self.temperature,
         }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from megatron_rl.domains import Domain
@@ -46,6 +47,7 @@ class RLEval:
         self.train: PromptSet | None = None
         if n_train:
             self.train = build_prompt_set(domains, n_train, cfg.seed, level, split="train")
+        self.constant = constant_baseline(self.held_out)
 
     def score(
         self, engine: RolloutEngine, tokenizer: Any, prompts: PromptSet, greedy: bool = False
@@ -70,6 +72,18 @@ class RLEval:
         return bool(self.cfg.rl.eval_greedy_also and self.cfg.rl.eval_temperature > 0)
 
 
+def constant_baseline(prompts: PromptSet) -> dict[str, float]:
+    """Per domain, the held-out accuracy of always giving one answer: the share of the most
+    common gold. A policy that collapses to that answer scores this much without any skill
+    (letter counting: "1" is the gold of ~60-70% of prompts)."""
+    out = {}
+    for name, tasks in prompts.tasks.items():
+        if tasks:
+            golds = Counter(t.gold.strip() for t in tasks)
+            out[name] = golds.most_common(1)[0][1] / len(tasks)
+    return out
+
+
 def run_eval(
     rt: Runtime,
     engine: RolloutEngine,
@@ -85,6 +99,7 @@ def run_eval(
     res = evals.score(engine, rt.tokenizer, evals.held_out)
     metrics = res.metrics("eval")
     out: dict[str, Any] = {"accuracy": res.accuracy, "mean": res.mean, "result": res.to_json()}
+    out["constant"] = evals.constant
     if evals.greedy_also:
         greedy = evals.score(engine, rt.tokenizer, evals.held_out, greedy=True)
         metrics.update(greedy.metrics("eval_greedy"))
@@ -147,6 +162,11 @@ def domain_rows(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict
             row["stderr_after"] = _f(a["stderr"][name])
             if b is not None and name in b["scores"]:
                 row.update(_paired(b, a, name))
+            for key, res in (("before", b), ("after", a)):
+                if res is not None and name in res.get("top_answer_share", {}):
+                    row[f"top_answer_share_{key}"] = _f(res["top_answer_share"][name])
+        if name in after.get("constant", {}):
+            row["constant_baseline"] = _f(after["constant"][name])
         for key, ref in (("before", before), ("after", after)):
             t = ref.get("train")
             if t is not None and name in t["accuracy"]:
@@ -200,20 +220,24 @@ def summarize(
 
 TABLE_KEYS = ["distinct", "before", "after", "gain", "gain_stderr"]
 TABLE_KEYS += ["train_before", "train_after", "gap_before", "gap_after"]
+TABLE_KEYS += ["constant_baseline", "top_answer_share_before", "top_answer_share_after"]
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """The end-of-run table: per domain prompts, before/after, paired gain (SE), train, gap."""
     rows = summary["domains"]
     width = max([len(n) for n in rows] + [6])
-    head = "prompts  before   after    gain (SE)    train b/a  gap b/a"
+    head = "prompts  before   after    gain (SE)    train b/a  gap b/a     const  top b/a"
     lines = [f"{'domain':<{width}}  {head}"]
     for n, r in rows.items():
         lines.append(
             f"{n:<{width}}  {r.get('distinct', 0):7d}  {_num(r['before'])}  {_num(r['after'])}  "
             f"{_num(r.get('gain'), '+6.3f')} ({_num(r.get('gain_stderr'), '5.3f')})  "
             f"{_num(r.get('train_before'), '4.2f')}/{_num(r.get('train_after'), '4.2f')}  "
-            f"{_num(r.get('gap_before'), '+4.2f')}/{_num(r.get('gap_after'), '+4.2f')}"
+            f"{_num(r.get('gap_before'), '+4.2f')}/{_num(r.get('gap_after'), '+4.2f')}  "
+            f"{_num(r.get('constant_baseline'), '5.3f')}  "
+            f"{_num(r.get('top_answer_share_before'), '4.2f')}/"
+            f"{_num(r.get('top_answer_share_after'), '4.2f')}"
         )
     b, a, gain = summary["mean_before"], summary["mean_after"], summary["mean_gain"]
     se = _num(summary.get("mean_gain_stderr"), "5.3f")
@@ -225,6 +249,10 @@ def format_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"held-out {how}, each distinct prompt once; steps {summary['steps']}, "
         f"wall {summary['wall_s']:.0f} s, run dir {summary['run_dir']}"
+    )
+    lines.append(
+        "const: held-out accuracy of always giving the most common gold answer; top: share of "
+        "prompts given the most common answer (1.00: one answer for every prompt)"
     )
     return "\n".join(lines)
 

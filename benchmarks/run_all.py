@@ -287,9 +287,14 @@ HEADLINES = [  # (label, key in results.json) for the top-level README's table
 def headline(results: dict[str, Any]) -> str:
     """The short table the top-level README carries (the full one is in results.md)."""
     meta = results.get("meta", {})
-    lines = [f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
-             f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks); full table: "
-             "benchmarks/results.md.",
+    source = (f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
+              f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks)")  # fmt: skip
+    if meta.get("only"):  # a partial re-run merged into an earlier full one
+        only, others = ",".join(meta["only"]), meta.get("others_from", "?")
+        source = (f"From `run_all.py --only {only}` ({meta.get('date', '?')}, "
+                  f"{meta.get('cores', '?')} cores, {fmt(meta.get('total_s', '?'))} s), merged "
+                  f"into `make bench` of {others} for the other rows")  # fmt: skip
+    lines = [f"{source}; full table: benchmarks/results.md.",
              "", "| benchmark | value |", "|---|---|"]  # fmt: skip
     for label, key in HEADLINES:
         val = _get(results, key)
@@ -371,6 +376,7 @@ def main() -> int:
         return 2
     merge = a.only and not a.quick and RESULTS.is_file()
     results = json.loads(RESULTS.read_text()) if merge else {}
+    before = results.get("meta", {})
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(),
@@ -378,6 +384,9 @@ def main() -> int:
         "quick": a.quick,
         "threads": a.threads or "each benchmark's default (2)",
     }
+    if merge:  # which rows this run measured, and when the full run behind the others was
+        others = before.get("others_from") or before.get("date", "?")
+        results["meta"].update(only=names, others_from=others)
     t0 = time.perf_counter()
     ran = f"{results['meta']['date']}, threads {a.threads or 'default'}"
     for name in names:

@@ -221,9 +221,11 @@ def fmt(v: Any) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The results table: one row per headline number (``raw`` details stay in the JSON)."""
     meta = results.get("meta", {})
+    partial = (f" for {', '.join(meta['only'])}; the other rows {meta.get('others_from', '?')} "
+               "(each row's `ran` says when)") if meta.get("only") else ""  # fmt: skip
     lines = [
         f"Measured {meta.get('date', '?')} on {meta.get('cores', '?')} cores "
-        f"(load average {fmt(meta.get('load_avg_1m', '?'))} at start). "
+        f"(load average {fmt(meta.get('load_avg_1m', '?'))} at start){partial}. "
         "CPU figures: read the ratios, not the absolute times.",
         "",
         "| benchmark | metric | value |",
@@ -248,6 +250,7 @@ def _get(results: dict[str, Any], path: str) -> Any:
 
 HEADLINES = [  # (label, key in results.json) for the top-level README's table
     ("RL vs TRL, tiny: step time megatron-rl / TRL", "rl_vs_trl.tiny.step_time_ratio"),
+    ("RL vs TRL, tiny: CPU seconds per step megatron-rl / TRL", "rl_vs_trl.tiny.step_cpu_ratio"),
     (
         "RL vs TRL, tiny: step time, one-step off-policy megatron-rl / synchronous TRL",
         "rl_vs_trl.tiny.overlapped.step_time_ratio",
@@ -259,6 +262,7 @@ HEADLINES = [  # (label, key in results.json) for the top-level README's table
     ("RL vs TRL, tiny: held-out accuracy, megatron-rl", "rl_vs_trl.tiny.accuracy.megatron_rl"),
     ("RL vs TRL, tiny: held-out accuracy, TRL", "rl_vs_trl.tiny.accuracy.trl"),
     ("RL vs TRL, ~20M: step time megatron-rl / TRL", "rl_vs_trl.m20.step_time_ratio"),
+    ("RL vs TRL, ~20M: CPU seconds per step megatron-rl / TRL", "rl_vs_trl.m20.step_cpu_ratio"),
     (
         "RL vs TRL, ~20M: step time, one-step off-policy megatron-rl / synchronous TRL",
         "rl_vs_trl.m20.overlapped.step_time_ratio",
@@ -287,9 +291,16 @@ HEADLINES = [  # (label, key in results.json) for the top-level README's table
 def headline(results: dict[str, Any]) -> str:
     """The short table the top-level README carries (the full one is in results.md)."""
     meta = results.get("meta", {})
-    lines = [f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
-             f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks); full table: "
-             "benchmarks/results.md.",
+    source = (f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
+              f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks)")  # fmt: skip
+    if meta.get("only"):  # a partial re-run merged into an earlier full one
+        only, others = ",".join(meta["only"]), meta.get("others_from", "?")
+        source = (f"From `run_all.py --only {only}` ({meta.get('date', '?')}, "
+                  f"{meta.get('cores', '?')} cores, load average "
+                  f"{fmt(meta.get('load_avg_1m', '?'))} at start, "
+                  f"{fmt(meta.get('total_s', '?'))} s), merged "
+                  f"into `make bench` of {others} for the other rows")  # fmt: skip
+    lines = [f"{source}; full table: benchmarks/results.md.",
              "", "| benchmark | value |", "|---|---|"]  # fmt: skip
     for label, key in HEADLINES:
         val = _get(results, key)
@@ -371,6 +382,7 @@ def main() -> int:
         return 2
     merge = a.only and not a.quick and RESULTS.is_file()
     results = json.loads(RESULTS.read_text()) if merge else {}
+    before = results.get("meta", {})
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(),
@@ -378,6 +390,9 @@ def main() -> int:
         "quick": a.quick,
         "threads": a.threads or "each benchmark's default (2)",
     }
+    if merge:  # which rows this run measured, and when the full run behind the others was
+        others = before.get("others_from") or before.get("date", "?")
+        results["meta"].update(only=names, others_from=others)
     t0 = time.perf_counter()
     ran = f"{results['meta']['date']}, threads {a.threads or 'default'}"
     for name in names:

@@ -54,6 +54,32 @@ def test_headline_table_goes_between_the_top_readme_markers(run_all: Any, tmp_pa
     assert run_all.stale_tables(results) == [str(top), str(tmp_path / "results.md")]
 
 
+def test_partial_run_says_what_it_measured_and_when_the_rest_was(
+    run_all: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """--only merges into the earlier full run; both tables name the partial run, its load and
+    the date of the full run behind the other rows (also after a second partial run)."""
+    full = {"meta": {"date": "FULL", "cores": 2}, "train": {"status": "ok", "mfu": {"tiny": 0.1}}}
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    ok = run_all.Bench(script(tmp_path, "q.py", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
+                       ["--json", "{out}"], 60, takes_threads=False)  # fmt: skip
+    monkeypatch.setattr(run_all, "BENCHES", {"q": ok})
+    for _ in range(2):
+        monkeypatch.setattr(sys, "argv", ["run_all.py", "--only", "q"])
+        assert run_all.main() == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["meta"]["only"] == ["q"] and res["meta"]["others_from"] == "FULL"
+    assert res["train"]["mfu"] == {"tiny": 0.1}  # the other rows are kept
+    head = run_all.headline(res)
+    assert (
+        head.startswith("From `run_all.py --only q` (")
+        and "merged into `make bench` of FULL" in head
+    )
+    assert "load average" in head
+    assert "for q; the other rows FULL" in run_all.markdown(res)
+    assert "--only" not in run_all.headline(full) and "the other rows" not in run_all.markdown(full)
+
+
 def test_tables_come_only_from_results_json(run_all: Any, tmp_path: Path, monkeypatch) -> None:
     """--render regenerates both blocks from results.json, --check finds hand edits, and a quick
     run writes under out/ only (never results.json or a README)."""

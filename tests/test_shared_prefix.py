@@ -215,3 +215,15 @@ def test_te_spec_falls_back_to_plain_packing_with_one_line(
     assert len(lines) == 1 and "packing one sequence per sample" in lines[0]
     shares, _ = rl_step.build_batches(rl_groups(), [0, 1], "grpo", budget=1000, shared_prefix=False)
     assert not any(b.shared_prefix for b in shares[0])
+
+
+def test_routing_replay_packs_plainly_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Replayed expert routes are per-token rows pack_groups does not share: a routing-replay
+    run packs one sequence per sample and says so once (local spec, shared_prefix on)."""
+    from megatron_rl.train import rl_step
+
+    with caplog.at_level("INFO", logger="megatron_rl.train.rl_step"):
+        assert not rl_step.shared_prefix_enabled(True, routing_replay=True)
+        assert not rl_step.shared_prefix_enabled(False, routing_replay=True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "rl.routing_replay" in lines[0]

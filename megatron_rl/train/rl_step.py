@@ -79,14 +79,21 @@ def _rows(
     return seqs, masks, extras, prompt_lens
 
 
-def shared_prefix_enabled(requested: bool) -> bool:
+def shared_prefix_enabled(requested: bool, routing_replay: bool = False) -> bool:
     """``train.shared_prefix`` where the trainer's attention supports it, else False.
 
     Shared-prefix rows need the local layer spec (varlen attention with a prefix segment and
     per-token RoPE, ``megatron_rl/model/attention.py``); with Transformer Engine's spec (GPU)
-    the step packs one sequence per sample instead, and says so once.
+    the step packs one sequence per sample instead, and says so once. So does a run that
+    replays the engine's expert routes (``rl.routing_replay: rollout``, see ``_prefix_lens``).
     """
     if not requested:
+        return False
+    if routing_replay:
+        log.warning(
+            "train.shared_prefix: replayed expert routes (rl.routing_replay: rollout) are not "
+            "shared by pack_groups yet; packing one sequence per sample"
+        )
         return False
     if use_te_spec():
         log.warning(

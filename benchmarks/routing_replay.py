@@ -47,15 +47,31 @@ def bf16_router(gate: torch.nn.Module) -> None:
     gate.forward = types.MethodType(forward, gate)  # type: ignore[method-assign]
 
 
-def rollout(model: str, setup: str, prompts: int) -> Any:
-    """One packed batch of the engine's samples, its log-probs and its routes."""
+def pack_rollout(reqs: list[Any], outs: list[list[Any]]) -> Any:
+    """Prompt + completion of every sample packed with the engine's log-probs and routes."""
     from long_context.packing import pack
     from megatron_rl.model.moe import ROUTES_KEY
+    from megatron_rl.train.rl_step import sample_routes
+    from megatron_rl.train.rollout_phase import Sample
+
+    seqs, masks, lps, routes = [], [], [], []
+    for req, group in zip(reqs, outs, strict=True):
+        for c in group:
+            p = len(req.prompt_ids)
+            s = Sample("d", req.prompt_ids, c.token_ids, c.logprobs, [1.0] * len(c.token_ids),
+                       c.text, c.finish_reason, routed_experts=c.routed_experts)  # fmt: skip
+            seqs.append(req.prompt_ids + c.token_ids)
+            masks.append([0.0] * p + [1.0] * len(c.token_ids))
+            lps.append([0.0] * p + c.logprobs)
+            routes.append(sample_routes(s))
+    return pack(seqs, masks, extras={"rollout_lp": lps, ROUTES_KEY: routes})
+
+
+def rollout(model: str, setup: str, prompts: int) -> Any:
+    """One packed batch of the engine's samples, its log-probs and its routes."""
     from megatron_rl.rollout.base import GenRequest, SamplingParams
     from megatron_rl.rollout.config import RolloutConfig
     from megatron_rl.rollout.hf_engine import HFEngine
-    from megatron_rl.train.rl_step import sample_routes
-    from megatron_rl.train.rollout_phase import Sample
 
     dtype = "bfloat16" if setup == "bf16" else "float32"
     cfg = RolloutConfig(return_routed_experts=True, max_batch=64, dtype=dtype)
@@ -67,20 +83,12 @@ def rollout(model: str, setup: str, prompts: int) -> Any:
     reqs = [GenRequest(torch.randint(0, 256, (12,), generator=g).tolist(),
                        SamplingParams(n=4, max_tokens=24, temperature=1.0, seed=i))
             for i in range(prompts)]  # fmt: skip
-    seqs, masks, lps, routes = [], [], [], []
-    for req, outs in zip(reqs, eng.generate(reqs), strict=True):
-        for c in outs:
-            p = len(req.prompt_ids)
-            s = Sample("d", req.prompt_ids, c.token_ids, c.logprobs, [1.0] * len(c.token_ids),
-                       c.text, c.finish_reason, routed_experts=c.routed_experts)  # fmt: skip
-            seqs.append(req.prompt_ids + c.token_ids)
-            masks.append([0.0] * p + [1.0] * len(c.token_ids))
-            lps.append([0.0] * p + c.logprobs)
-            routes.append(sample_routes(s))
-    return pack(seqs, masks, extras={"rollout_lp": lps, ROUTES_KEY: routes})
+    return pack_rollout(reqs, eng.generate(reqs))
 
 
 def measure(policy: Any, batch: Any) -> dict[str, float]:
+    """Per-token |logp_trainer - logp_engine| on the sampled tokens with and without replay
+    (mean, max, their ratio), and the share of (token, layer) choices trainer and engine share."""
     from megatron_rl.model.moe import ROUTES_KEY
 
     policy.replay.record()

@@ -12,13 +12,12 @@ dominates: replay then cuts the mean only ~1.6x on this model; docs/LOG.md has b
 
 from __future__ import annotations
 
-import types
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from long_context.packing import pack
@@ -30,6 +29,9 @@ from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.train.dist_batches import zero_batch
 from megatron_rl.train.rl_step import sample_routes
 from megatron_rl.train.rollout_phase import Sample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from routing_replay import bf16_router, measure, pack_rollout  # noqa: E402
 
 TINY_MOE = Path(__file__).resolve().parents[1] / "models" / "tiny-moe"
 LAYERS, TOPK = 4, 2
@@ -47,20 +49,6 @@ def engine(max_batch: int = 64) -> HFEngine:
     return HFEngine(
         RolloutConfig(return_routed_experts=True, max_batch=max_batch), str(TINY_MOE), 0
     )
-
-
-def bf16_router(gate: torch.nn.Module) -> None:
-    """The router's logits in bf16 (the rest of HF's Qwen3-MoE routing unchanged)."""
-
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        h = hidden_states.reshape(-1, self.hidden_dim)
-        logits = F.linear(h.bfloat16(), self.weight.bfloat16()).float()
-        top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top = top / top.sum(dim=-1, keepdim=True)
-        return logits, top, idx
-
-    gate.forward = types.MethodType(forward, gate)  # type: ignore[method-assign]
 
 
 def test_engine_returns_the_experts_of_every_token_it_ran() -> None:
@@ -154,41 +142,11 @@ def test_policy_replays_the_routes_it_is_given(policy) -> None:
     assert (policy.logits(tokens, other) - free).abs().max() > 1e-3
 
 
-def _rollout_batch(eng: HFEngine) -> tuple[object, float]:
+def _rollout_batch(eng: HFEngine) -> tuple[object, int]:
     """Generate, then pack prompt + completion with the engine's log-probs and routes."""
     reqs = requests(seed=0, n_prompts=8)
-    seqs, masks, lps, routes = [], [], [], []
-    for req, outs in zip(reqs, eng.generate(reqs), strict=True):
-        for c in outs:
-            p = len(req.prompt_ids)
-            sample = Sample("d", req.prompt_ids, c.token_ids, c.logprobs, [1.0] * len(c.token_ids),
-                            c.text, c.finish_reason, routed_experts=c.routed_experts)  # fmt: skip
-            seqs.append(req.prompt_ids + c.token_ids)
-            masks.append([0.0] * p + [1.0] * len(c.token_ids))
-            lps.append([0.0] * p + c.logprobs)
-            routes.append(sample_routes(sample))
-    return pack(seqs, masks, extras={"rollout_lp": lps, ROUTES_KEY: routes}), len(seqs)
-
-
-def _mismatch(policy, batch) -> dict[str, float]:
-    """Per-token |logp_trainer - logp_engine| on the sampled tokens, with and without replay."""
-    free_batch = replace(batch, extras={"rollout_lp": batch.extras["rollout_lp"]})
-    policy.replay.record()
-    ((lp_free, _),) = policy.token_logprobs([free_batch])
-    own = policy.replay.recorded()
-    policy.replay.record(False)
-    ((lp_replay, _),) = policy.token_logprobs([batch])
-    mask = batch.loss_mask.bool()
-    out = {}
-    for name, lp in (("replay", lp_replay), ("free", lp_free)):
-        diff = (lp - batch.extras["rollout_lp"]).abs()[mask]
-        out[f"{name}_mean"], out[f"{name}_max"] = float(diff.mean()), float(diff.max())
-    engine_routes = batch.extras[ROUTES_KEY].view(-1, LAYERS, TOPK).long()
-    same = (own.sort(-1).values == engine_routes.sort(-1).values).all(-1)  # [T, L]
-    ran = torch.ones(len(same), dtype=torch.bool)
-    ran[batch.cu_seqlens[1:].long() - 1] = False  # each sequence's last token: placeholders
-    out["agreement"] = float(same[ran].float().mean())
-    return out
+    batch = pack_rollout(reqs, eng.generate(reqs))
+    return batch, len(batch.seq_ids)
 
 
 def test_replay_cuts_the_mismatch_tenfold(policy) -> None:
@@ -196,7 +154,7 @@ def test_replay_cuts_the_mismatch_tenfold(policy) -> None:
     for layer in eng.model.model.layers:
         bf16_router(layer.mlp.gate)
     batch, n = _rollout_batch(eng)
-    m = _mismatch(policy, batch)
+    m = measure(policy, batch)
     print(f"routing replay, {n} samples, bf16 router in the engine: {m}")
     assert 0.9 < m["agreement"] < 0.995  # routing differs on a few percent of choices
     assert m["free_mean"] >= 10 * m["replay_mean"]
@@ -206,6 +164,6 @@ def test_replay_cuts_the_mismatch_tenfold(policy) -> None:
 def test_with_the_same_router_precision_replay_changes_nothing(policy) -> None:
     """Control: an fp32 engine routes as the trainer does, so both mismatches are fp32 noise."""
     batch, _ = _rollout_batch(engine())
-    m = _mismatch(policy, batch)
+    m = measure(policy, batch)
     assert m["agreement"] == 1.0
     assert m["free_mean"] == pytest.approx(m["replay_mean"], abs=1e-7) and m["replay_max"] < 1e-5

@@ -27,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 CLASS_RULES = {  # class -> (check on the measurement, the rule in words)
     "frontier": (lambda r, k: 0.25 <= r[f"pass{k}_t1"] <= 0.9, "pass@k in [0.25, 0.9]"),
@@ -63,40 +64,6 @@ def prompt_space(domain: Any, draws: int, seed: int) -> dict[str, float]:
     return out
 
 
-def distinct_tasks(domain: Any, n: int, seed: int, cap: int = 20_000) -> list[Any]:
-    """The first ``n`` distinct held-out prompts of the domain (fewer if ``cap`` draws run out)."""
-    seen: dict[str, Any] = {}
-    for i in range(cap):
-        t = domain.task("eval", i, domain.levels[0], seed)
-        seen.setdefault(t.prompt, t)
-        if len(seen) == n:
-            break
-    return list(seen.values())
-
-
-def headroom(engine: Any, tok: Any, domain: Any, n: int, k: int, seed: int) -> dict[str, float]:
-    """Greedy accuracy, pass@1 and pass@k at T=1, and the share of k-sample groups with reward
-    variance, over ``n`` distinct held-out prompts (each once)."""
-    from megatron_rl.model.tokenizer import prompt_ids
-    from megatron_rl.rollout.base import GenRequest, SamplingParams
-
-    tasks = distinct_tasks(domain, n, seed)
-    greedy = SamplingParams(temperature=0.0, max_tokens=24, n=1, seed=seed)
-    sample = SamplingParams(temperature=1.0, max_tokens=24, n=k, seed=seed)
-    reqs = [GenRequest(prompt_ids(tok, t.prompt), p) for p in (greedy, sample) for t in tasks]
-    outs = engine.generate(reqs)
-    m = len(tasks)
-    g = [domain.verify(t, o[0].text).score for t, o in zip(tasks, outs[:m], strict=True)]
-    s = [[domain.verify(t, c.text).score for c in o] for t, o in zip(tasks, outs[m:], strict=True)]
-    return {
-        "prompts": m,
-        "greedy": sum(g) / m,
-        "pass1_t1": sum(sum(r) / k for r in s) / m,
-        f"pass{k}_t1": sum(max(r) for r in s) / m,
-        "mixed_groups": sum(0 < sum(r) < k for r in s) / m,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
@@ -107,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the table here")
     a = ap.parse_args(argv)
     import torch
+    from tiny_headroom import headroom
 
     from domains.tiny_sched import PAIR, SPECS
     from megatron_rl.domains import load_domains
@@ -123,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{head}  p@{a.k}  mixed  agrees   (n={a.n} held-out prompts, T=1, seed {a.seed})")
     for name, domain in load_domains(list(classes)).items():
         r: dict[str, Any] = {"class": classes[name], **prompt_space(domain, a.draws, a.seed)}
-        r.update(headroom(engine, tok, domain, a.n, a.k, a.seed))
+        scores = headroom(engine, tok, domain, a.n, a.k, a.seed, domain.levels[0])
+        r |= {"prompts": scores.pop("distinct"), **scores}
         check, rule = CLASS_RULES[r["class"]]
         r["rule"], r["agrees"] = rule, bool(check(r, a.k))
         rows[name] = r

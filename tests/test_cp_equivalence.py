@@ -15,14 +15,12 @@ With four processes the same worker also checks CP=2 x DP=2, CP=2 x TP=2 and CP=
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launching import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist" / "cp_equivalence.py"
@@ -30,19 +28,7 @@ WORKER = ROOT / "tests" / "dist" / "cp_equivalence.py"
 
 def launch(out_dir: Path, nproc: int, layouts: str) -> dict[str, dict]:
     """One torchrun launch of ``nproc`` CPU processes; returns each layout's saved results."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*launcher, "--nproc_per_node", str(nproc), str(WORKER), "--out-dir", str(out_dir),
-           "--layouts", layouts]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 600 s")
-    assert proc.returncode == 0, f"torchrun failed:\n{stderr[-3000:]}"
+    torchrun(nproc, [str(WORKER), "--out-dir", str(out_dir), "--layouts", layouts], timeout=600)
     return {n: torch.load(out_dir / f"{n}.pt", weights_only=False) for n in layouts.split(",")}
 
 

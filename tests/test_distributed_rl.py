@@ -24,13 +24,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from launching import ENV, TORCHRUN, launch
 
 from megatron_rl.config import load_config
 from megatron_rl.model import hf_io
@@ -39,8 +39,6 @@ from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist" / "rl_layouts.py"
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 # the engine stays in the controller's process (rollout.process=same), where the worker records
 # and replays its generate calls; the child-process engine is tested in test_process_engine.py
 OFF = "rl.off_policy=true;rollout.process=same"
@@ -75,19 +73,6 @@ def base_overrides(d: Path, steps: int = 2) -> list[str]:
         "tracking.progress=false",
         "checkpoint.every=1",
     ]
-
-
-def launch(cmd: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
-    """Run a launch in its own session, so a hang is killed whole (workers included)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{cmd[-1]} did not finish within {timeout} s (hang?)")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,11 @@ must come from it alone: the config has no entropy bonus (issue 17's run needed 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from launching import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,18 +27,8 @@ def test_long_context_config_learns_from_reward_with_cp2(tmp_path: Path) -> None
                  "rl.eval_samples_per_domain=2", "scheduler.curriculum_start_level=4",
                  f"output_dir={tmp_path}",
                  "tracking.progress=false"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "launch.cli", "train", "configs/long_context_cpu.yaml", *overrides]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 900 s")
-    assert proc.returncode == 0, stderr[-3000:]
+    torchrun(2, ["-m", "launch.cli", "train", "configs/long_context_cpu.yaml", *overrides],
+             timeout=900)  # fmt: skip
     run = tmp_path / "long_context_cpu"
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["rl"]["entropy_coef"] == 0.0 and resolved["parallel"]["cp"] == 2

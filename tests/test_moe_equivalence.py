@@ -12,14 +12,11 @@ TP rank's heads' share (grad norm 21.10 vs 17.50 on the first step of a smaller 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launching import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist" / "moe_equivalence.py"
@@ -29,18 +26,7 @@ LAYOUTS = ("ref", "ep2", "ep2tp2", "ep2tp2etp1")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out_dir = tmp_path_factory.mktemp("moe_equivalence")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "4", str(WORKER), "--out-dir", str(out_dir)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 600 s")
-    assert proc.returncode == 0, f"torchrun failed:\n{stderr[-3000:]}"
+    torchrun(4, [str(WORKER), "--out-dir", str(out_dir)], timeout=600)
     return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in LAYOUTS}
 
 

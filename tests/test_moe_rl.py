@@ -12,15 +12,12 @@ Also: MoE layouts and routing replay that cannot run fail at start-up with one l
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
+from launching import torchrun
 
 from megatron_rl.config import load_config
 from megatron_rl.train.preflight import preflight
@@ -42,18 +39,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = [{"prompt": f"Name a colour, then a number. #{i}", "gold": "a", "verifier": "regex",
              "pattern": "[\\s\\S]*[a-f][\\s\\S]*"} for i in range(16)]  # fmt: skip
     (d / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "launch.cli", "train", str(CONFIG), "parallel.ep=2", *overrides(d)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the MoE run did not finish within 600 s")
-    assert proc.returncode == 0, err[-3000:]
+    torchrun(2, ["-m", "launch.cli", "train", str(CONFIG), "parallel.ep=2", *overrides(d)],
+             timeout=600, what="the MoE run")  # fmt: skip
     return d / "runs" / "moe_cpu"
 
 

@@ -17,15 +17,12 @@ Also here: impossible layouts give one clear ValueError line (pure checks, no pr
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_model_config
+from launching import torchrun
 
 from megatron_rl.model.config import ParallelConfig
 from megatron_rl.model.parallel import validate_layout
@@ -39,19 +36,7 @@ LAYOUTS = ("ref", "tp2", "pp2")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """One torchrun launch of two processes runs every layout (see the worker's docstring)."""
     out_dir = tmp_path_factory.mktemp("equivalence")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*launcher, "--nproc_per_node", "2", str(WORKER), "--out-dir", str(out_dir)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    # Own session, so a hang is cleaned up whole (torchrun's workers included) on timeout.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 300 s")
-    assert proc.returncode == 0, f"torchrun failed:\n{stderr[-3000:]}"
+    torchrun(2, [str(WORKER), "--out-dir", str(out_dir)], timeout=300)
     return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in LAYOUTS}
 
 

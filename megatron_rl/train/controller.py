@@ -57,8 +57,8 @@ class Controller:
         if state:
             self.sched.load_state_dict(state["scheduler"])
         self.cursor: dict[str, int] = state.get("cursor", {})
-        replay = cfg.rl.routing_replay == "rollout"
-        self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, replay)
+        routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
+        self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
         self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
         self.engine = report.start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)

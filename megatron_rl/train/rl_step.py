@@ -84,15 +84,18 @@ def shared_prefix_enabled(requested: bool, routing_replay: bool = False) -> bool
 
     Shared-prefix rows need the local layer spec (varlen attention with a prefix segment and
     per-token RoPE, ``megatron_rl/model/attention.py``); with Transformer Engine's spec (GPU)
-    the step packs one sequence per sample instead, and says so once. So does a run that
-    replays the engine's expert routes (``rl.routing_replay: rollout``, see ``_prefix_lens``).
+    the step packs one sequence per sample instead, and says so once. So does a run whose
+    engine returns expert routes (``routing_replay``: ``rl.routing_replay: rollout`` or
+    ``rollout.return_routed_experts``): they ride in ``extras["routes"]`` as per-token rows,
+    which ``pack_groups`` does not share yet.
     """
     if not requested:
         return False
     if routing_replay:
         log.warning(
-            "train.shared_prefix: replayed expert routes (rl.routing_replay: rollout) are not "
-            "shared by pack_groups yet; packing one sequence per sample"
+            "train.shared_prefix: expert routes (rl.routing_replay: rollout or "
+            "rollout.return_routed_experts) are not shared by pack_groups yet; packing one "
+            "sequence per sample"
         )
         return False
     if use_te_spec():
@@ -102,17 +105,6 @@ def shared_prefix_enabled(requested: bool, routing_replay: bool = False) -> bool
         )
         return False
     return True
-
-
-def _prefix_lens(
-    shared_prefix: bool, extras: dict[str, list[Any]], prompt_lens: list[int]
-) -> list[int] | None:
-    """Prompt lengths to pack with shared prefixes, or None for one sequence per sample.
-
-    Replayed routes (MoE, ``extras["routes"]``) are per-token rows that ``pack_groups`` does not
-    share yet, so a routing-replay step packs plainly.
-    """
-    return prompt_lens if shared_prefix and ROUTES_KEY not in extras else None
 
 
 def sample_routes(s: Sample) -> torch.Tensor:
@@ -160,7 +152,7 @@ def build_batches(
     advantages = compute_advantages(rewards, estimator) if kept else rewards
     seqs, masks, extras, prompt_lens = _rows(groups, kept, advantages)
     sizes = [len(groups[i].samples) for i in kept]
-    plens = _prefix_lens(shared_prefix, extras, prompt_lens)
+    plens = prompt_lens if shared_prefix else None
     shares = pack_shares(seqs, masks, extras, sizes, dp, budget, plens)
     stats = {"train/advantage_abs_mean": float(advantages.abs().mean()) if kept else 0.0}
     if reward_penalty is not None and kept:
@@ -189,7 +181,7 @@ def kl_reward_penalties(
     seqs, masks, extras, prompt_lens = _rows(groups, kept, None)
     n = len(groups[kept[0]].samples)
     members = [list(range(g * n, (g + 1) * n)) for g in range(len(kept))]
-    plens = _prefix_lens(shared_prefix, extras, prompt_lens)
+    plens = prompt_lens if shared_prefix else None
     batches = pack_rows(seqs, masks, extras, members, budget, plens)
     flat = torch.zeros(len(seqs), dtype=torch.float64)
     for b, (ref_lp, _) in zip(batches, ref.token_logprobs(batches), strict=True):

@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context long-context-base base-model clean gpu-check gpu-wheels
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -91,6 +91,12 @@ gpu-wheels:
 base-model: setup
 	$(BIN)/megatron-rl sft configs/base_sft.yaml
 	rm -rf models/tiny-base && cp -r runs/base_sft/hf models/tiny-base
+
+# Reproduce the demo's base models/tiny-demo-base: a continued SFT of models/tiny-base that adds
+# spelling words backward (configs/demo_base_sft.yaml, 700 steps on one thread, ~5 min).
+demo-base: setup
+	$(BIN)/megatron-rl sft configs/demo_base_sft.yaml
+	rm -rf models/tiny-demo-base && cp -r runs/demo_base_sft/hf models/tiny-demo-base
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

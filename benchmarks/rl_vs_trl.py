@@ -1,9 +1,10 @@
 """End-to-end GRPO: megatron-rl against TRL's ``GRPOTrainer`` on the same machine, same work.
 
-Two sizes: ``tiny`` (the demo's policy, ``models/tiny-base``) and ``m20`` (a random ~20M Qwen2:
-compute rather than overhead dominates; accuracy is ~0 there and not the point). For each, both
-tools start from the same HF checkpoint and train on the same prompts in the same order (the tasks
-megatron-rl's scheduler plans for each step from ``configs/demo_cpu.yaml``'s domains), rendered by
+Two sizes: ``tiny`` (the demo's policy: ``model.hf_path`` of ``configs/demo_cpu.yaml``, with the
+demo's LR) and ``m20`` (a random ~20M Qwen2: compute rather than overhead dominates; accuracy is
+~0 there and not the point). For each, both tools start from the same HF checkpoint and train on
+the same prompts in the same order (the tasks megatron-rl's scheduler plans for each step from
+``configs/demo_cpu.yaml``'s domains), rendered by
 the same chat template, rewarded by the same verifier and ``compose_reward``. Same group size,
 prompts per step, response cap, steps, cosine LR schedule (lr -> min_lr, checked step by step),
 Adam betas, grad clip, clip range (0.2 / 0.28), token-mean loss (TRL ``loss_type="dapo"``),
@@ -54,8 +55,19 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
+
+
+def demo_setting(section: str, key: str) -> Any:
+    """One setting of configs/demo_cpu.yaml (the tiny size follows the demo: its base model and
+    its LR schedule's peak and floor)."""
+    import yaml
+
+    return yaml.safe_load(CONFIG.read_text())[section][key]
+
+
+DEMO_MODEL = str(demo_setting("model", "hf_path"))
 SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts/step, eval tasks, repeats
-    "tiny": {"model": "models/tiny-base", "steps": 10, "prompts": 8, "eval_n": 32, "repeats": 3},
+    "tiny": {"model": DEMO_MODEL, "steps": 10, "prompts": 8, "eval_n": 32, "repeats": 3},
     "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8, "repeats": 1},
 }
 GAIN = 0.10  # the time-to-gain target: held-out mean start + 0.10
@@ -328,8 +340,10 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=0, help="eval tasks per domain (0: the size's)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=24, help="response length cap, tokens")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak LR (the demo's)")
-    p.add_argument("--min-lr", type=float, default=2e-5, help="cosine floor (the demo's)")
+    p.add_argument("--lr", type=float, default=float(demo_setting("train", "lr")),
+                   help="peak LR (the demo's)")  # fmt: skip
+    p.add_argument("--min-lr", type=float, default=float(demo_setting("train", "min_lr")),
+                   help="cosine floor (the demo's)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads of each tool")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per tool and size")

@@ -211,7 +211,10 @@ def test_drgrpo_normaliser_is_a_configured_constant() -> None:
     cfg = run_cfg("rl.loss_agg=seq_mean_token_sum_norm", "rl.max_response_tokens=100")
     constant = drgrpo_constant(cfg)
     assert constant == 100 * cfg.rl.prompts_per_step * cfg.rl.group_size
-    assert drgrpo_constant(run_cfg()) == cfg.rollout.max_new_tokens * 16 * 8
+    plain = run_cfg()
+    assert drgrpo_constant(plain) == (
+        plain.rollout.max_new_tokens * plain.rl.prompts_per_step * plain.rl.group_size
+    )
     short, long = torch.ones(2, 3), torch.ones(5, 40)
     assert step_normalizer([short], "seq_mean_token_sum_norm", constant) == constant
     assert step_normalizer([short, long], "seq_mean_token_sum_norm", constant) == constant

@@ -49,23 +49,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rl_vs_trl_report import print_gain, print_size
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
-
-
-def demo_setting(section: str, key: str) -> Any:
-    """One setting of configs/demo_cpu.yaml (the tiny size follows the demo: its base model and
-    its LR schedule's peak and floor)."""
-    import yaml
-
-    return yaml.safe_load(CONFIG.read_text())[section][key]
-
-
-DEMO_MODEL = str(demo_setting("model", "hf_path"))
+DEMO = yaml.safe_load(CONFIG.read_text())  # the tiny size follows its base model and LR
+DEMO_MODEL = str(DEMO["model"]["hf_path"])
 SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts/step, eval tasks, repeats
     "tiny": {"model": DEMO_MODEL, "steps": 10, "prompts": 8, "eval_n": 32, "repeats": 3},
     "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8, "repeats": 1},
@@ -340,10 +332,9 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=0, help="eval tasks per domain (0: the size's)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=24, help="response length cap, tokens")
-    p.add_argument("--lr", type=float, default=float(demo_setting("train", "lr")),
-                   help="peak LR (the demo's)")  # fmt: skip
-    p.add_argument("--min-lr", type=float, default=float(demo_setting("train", "min_lr")),
-                   help="cosine floor (the demo's)")  # fmt: skip
+    demo_lr, demo_min_lr = float(DEMO["train"]["lr"]), float(DEMO["train"]["min_lr"])
+    p.add_argument("--lr", type=float, default=demo_lr, help="peak LR (the demo's)")
+    p.add_argument("--min-lr", type=float, default=demo_min_lr, help="cosine floor (the demo's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each tool")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per tool and size")

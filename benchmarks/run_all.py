@@ -82,13 +82,23 @@ def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
 
 def gain_text(g: dict[str, Any]) -> str:
     """The time-to-+10-points ratio as the README shows it, bound and reason included."""
+
+    def within(name: str) -> str:  # a tool's own step count where it stopped at the cap
+        run = g.get(name, {})
+        steps = run.get("steps", g["steps"])
+        cap = f", {run['train_s_total']:.0f} s" if "train_s_total" in run else ""
+        return f"not reached in {steps} steps{cap}"
+
     if g["ratio"] is None:
-        return f"neither tool reached +10 points in {g['steps']} steps"
+        return (
+            f"neither tool reached +10 points (megatron-rl {within('megatron_rl')}; TRL "
+            f"{within('trl')})"
+        )
     text = f"{g['ratio']:.3g}"
     if g["bound"] == "<=":
-        return f"<= {text} (TRL not reached in {g['steps']} steps)"
+        return f"<= {text} (TRL {within('trl')})"
     if g["bound"] == ">=":
-        return f">= {text} (megatron-rl not reached in {g['steps']} steps)"
+        return f">= {text} (megatron-rl {within('megatron_rl')})"
     return text
 
 

@@ -71,8 +71,24 @@ class PhaseClock:
         train_s = sum(row["step"] for row in self.steps)
         self.evals.append({"step": step, "train_s": train_s, "mean": mean})
 
-    def callback(self, sweep: Callable[[Any], float] | None = None, every: int = 0) -> Any:
-        """Times steps; with ``sweep(model)`` also a sweep at the start and every ``every``."""
+    def done(self, gain: float | None, cap_s: float | None) -> bool:
+        """Stop early: the latest sweep is ``gain`` above the start one, or training time has
+        reached ``cap_s``."""
+        start, evals = self.start_mean, self.evals
+        reached = gain is not None and start is not None and bool(evals)
+        reached = reached and evals[-1]["mean"] >= start + gain - 1e-9  # type: ignore[operator]
+        return reached or (cap_s is not None and sum(r["step"] for r in self.steps) >= cap_s)
+
+    def callback(
+        self,
+        sweep: Callable[[Any], float] | None = None,
+        every: int = 0,
+        gain: float | None = None,
+        cap_s: float | None = None,
+    ) -> Any:
+        """Times steps; with ``sweep(model)`` also a sweep at the start and every ``every``;
+        training stops after the sweep ``gain`` above the start or the step that reaches
+        ``cap_s`` seconds of training (the time-to-gain run)."""
         from transformers import TrainerCallback
 
         clock = self
@@ -92,6 +108,8 @@ class PhaseClock:
                 if sweep is not None and every and state.global_step % every == 0:
                     if state.global_step < args.max_steps:  # the final sweep is held_out's
                         clock.sweep(lambda: sweep(kw["model"]), state.global_step)
+                if clock.done(gain, cap_s):
+                    control.should_training_stop = True
 
         return Clock()
 
@@ -232,12 +250,14 @@ def main(spec_path: str) -> None:
         args=trl_config(spec, out),
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
-        callbacks=[clock.callback(held.mean if every else None, every)],
+        callbacks=[
+            clock.callback(held.mean if every else None, every, spec.get("gain"), spec.get("cap_s"))
+        ],
     )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     accuracy = held.accuracy(trainer.model)  # the final weights, as megatron-rl's last sweep
-    if every:
+    if every and not (clock.evals and clock.evals[-1]["step"] == len(clock.steps)):
         final = {"step": len(clock.steps), "train_s": sum(r["step"] for r in clock.steps)}
         clock.evals.append(dict(final, mean=sum(accuracy.values()) / len(accuracy)))
     held.engine.shutdown()

@@ -364,3 +364,41 @@ def test_trl_sweeps_are_left_out_of_the_step_clock(monkeypatch: pytest.MonkeyPat
     clock.step_end()
     assert [r["step"] for r in clock.steps] == [3.0, 2.0]
     assert clock.evals == [{"step": 1, "train_s": 3.0, "mean": 0.42}]
+
+
+def test_time_to_gain_counts_each_tool_up_to_the_same_cap() -> None:
+    rvt = mod("rl_vs_trl")
+    run = {"steps": [{"step": 3.0}, {"step": 4.0, "eval": 1.0}, {"step": 3.0}, {"step": 3.0}],
+           "evals": [{"step": 2, "train_s": 6.0, "mean": 0.31}, {"step": 4, "train_s": 12.0,
+                                                                 "mean": 0.5}]}  # fmt: skip
+    assert rvt.within_cap(run, 6.0) == (2, 6.0)  # a step that ends on the cap is the last
+    assert rvt.within_cap(run, 7.0) == (3, 9.0)  # TRL stops after the step that passes it
+    assert rvt.within_cap(run, 100.0) == (4, 12.0)
+    assert rvt.within_cap({"steps": []}, 5.0) == (0, 0.0)
+    assert rvt.first_reach(run, 0.5) == 12.0 and rvt.first_reach(run, 0.5, 9.0) is None
+    ra = mod("run_all")
+    g = {"ratio": 0.4, "bound": "<=", "steps": 300, "megatron_rl": {"steps": 240},
+         "trl": {"steps": 61, "train_s_total": 604.2}}  # fmt: skip
+    assert ra.gain_text(g) == "<= 0.4 (TRL not reached in 61 steps, 604 s)"
+
+
+def test_trl_run_stops_at_the_gain_or_the_cap() -> None:
+    clock = mod("trl_grpo").PhaseClock()
+    clock.start_mean = 0.3
+    clock.steps = [{"step": 5.0}, {"step": 5.0}]
+    assert not clock.done(0.1, 20.0) and not clock.done(None, None)
+    clock.evals = [{"step": 2, "train_s": 10.0, "mean": 0.39}]
+    assert not clock.done(0.1, 20.0)
+    clock.evals.append({"step": 2, "train_s": 10.0, "mean": 0.4})
+    assert clock.done(0.1, 20.0) and not clock.done(None, 20.0)
+    assert clock.done(None, 10.0)  # ten seconds trained: the cap
+
+
+def test_sandbox_bench_forgives_a_timeout_under_load_but_not_a_wrong_verdict() -> None:
+    sb = mod("sandbox_throughput")
+    programs = [sb.PASSING, sb.FAILING]
+    # the passing program timed out in the sandbox (a loaded machine): alone, both agree
+    assert sb.recheck(programs, ["passed", "failed"], ["timeout", "failed"], 5.0) == 1
+    assert sb.recheck(programs, ["passed", "failed"], ["passed", "failed"], 5.0) == 0
+    with pytest.raises(RuntimeError, match="verdicts differ on program 1"):
+        sb.recheck(programs, ["passed", "failed"], ["passed", "passed"], 5.0)  # not a timeout

@@ -95,6 +95,9 @@ def gain_text(g: dict[str, Any]) -> str:
             f"{within('trl')})"
         )
     text = f"{g['ratio']:.3g}"
+    if g["bound"] == "=":
+        m, t = g["megatron_rl"]["seconds"], g["trl"]["seconds"]
+        return f"{text} ({m:.0f} s vs {t:.0f} s of training)"
     if g["bound"] == "<=":
         return f"<= {text} (TRL {within('trl')})"
     if g["bound"] == ">=":

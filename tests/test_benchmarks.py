@@ -380,6 +380,8 @@ def test_time_to_gain_counts_each_tool_up_to_the_same_cap() -> None:
     g = {"ratio": 0.4, "bound": "<=", "steps": 300, "megatron_rl": {"steps": 240},
          "trl": {"steps": 61, "train_s_total": 604.2}}  # fmt: skip
     assert ra.gain_text(g) == "<= 0.4 (TRL not reached in 61 steps, 604 s)"
+    g = {"ratio": 0.5, "bound": "=", "megatron_rl": {"seconds": 301.2}, "trl": {"seconds": 602.6}}
+    assert ra.gain_text(g) == "0.5 (301 s vs 603 s of training)"
 
 
 def test_trl_run_stops_at_the_gain_or_the_cap() -> None:

@@ -27,10 +27,14 @@ from launch.server_args import assign_gpus
 STEP_GPUS = "3,5,6,7,10,11,14,15"  # the step's devices, as Slurm would write them
 
 STUB = """#!/bin/bash
-# records one JSON line per call: which tool, its argv, the devices it sees
-python3 -c 'import json, os, sys; print(json.dumps({"tool": sys.argv[1], "argv": sys.argv[2:],
-  "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "container": os.environ.get("IN_CONTAINER")}))' \
-  "$(basename "$0")" "$@" >> "$STUB_LOG"
+# records one JSON line per call: which tool, its argv, the devices it sees; the appends of
+# steps that run at once are serialised by flock (unlocked, two records once shared a line)
+{
+  flock 9
+  python3 -c 'import json, os, sys; print(json.dumps({"tool": sys.argv[1], "argv": sys.argv[2:],
+    "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "container": os.environ.get("IN_CONTAINER")}))' \
+    "$(basename "$0")" "$@" >> "$STUB_LOG"
+} 9>> "$STUB_LOG.lock"
 """
 SRUN = (
     STUB

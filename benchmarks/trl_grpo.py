@@ -75,9 +75,10 @@ class PhaseClock:
         """Stop early: the latest sweep is ``gain`` above the start one, or training time has
         reached ``cap_s``."""
         start, evals = self.start_mean, self.evals
-        reached = gain is not None and start is not None and bool(evals)
-        reached = reached and evals[-1]["mean"] >= start + gain - 1e-9  # type: ignore[operator]
-        return reached or (cap_s is not None and sum(r["step"] for r in self.steps) >= cap_s)
+        if gain is not None and start is not None and evals:
+            if evals[-1]["mean"] >= start + gain - 1e-9:
+                return True
+        return cap_s is not None and sum(r["step"] for r in self.steps) >= cap_s
 
     def callback(
         self,

@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base clean gpu-check gpu-wheels
+.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base seesaw-base clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -28,15 +28,15 @@ bench: setup
 
 # The domain scheduler in real training (not part of `make bench`), pre-registered in
 # docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair's
-# validity arm on 3, on the tinysched/* domains, then the second domain set's headroom study
+# arms on 3, on the tinysched/* domains, then the second domain set's headroom study
 # (D1 showed no headroom); writes benchmarks/scheduler_real.json (per-run extract + statistics)
 # and its PNGs, then recomputes the statistics from the extract. ~4 h on 2 shared cores.
 bench-scheduler: setup
 	$(BIN)/python benchmarks/scheduler_real.py --part core
 	$(BIN)/python benchmarks/scheduler_real.py --part ablations
 	$(BIN)/python benchmarks/scheduler_real.py --part core --set D2
-	$(BIN)/python benchmarks/scheduler_real.py --part seesaw --arms "train A only" \
-		--seesaw-png benchmarks/scheduler_pair_validity.png
+	$(MAKE) seesaw-base
+	$(BIN)/python benchmarks/scheduler_real.py --part seesaw
 	$(BIN)/python benchmarks/scheduler_stats.py
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
@@ -86,6 +86,13 @@ gpu-wheels:
 	    --platform manylinux_2_28_$$plat --platform manylinux_2_34_$$plat $(GPU_WHEELS) || exit 1; \
 	done
 	du -sh gpu_wheels
+
+# The seesaw pair's base models/tiny-seesaw-base (benchmarks/scheduler_pair.py): a continued SFT
+# of models/tiny-base on a 50/50 mix of the GCD and the GCD plus 100 (configs/seesaw_base_sft.yaml,
+# 200 steps on one thread, ~75 s).
+seesaw-base: setup
+	$(BIN)/megatron-rl sft configs/seesaw_base_sft.yaml
+	rm -rf models/tiny-seesaw-base && cp -r runs/seesaw_base_sft/hf models/tiny-seesaw-base
 
 # Reproduce the shipped tiny base model (SFT from scratch on reasoning-gym tasks).
 base-model: setup

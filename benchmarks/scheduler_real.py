@@ -60,6 +60,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import scheduler_stats as stats  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+BASE_MODEL = ROOT / "models" / "tiny-base"
 FRONTIER = ["tinysched/chain_sum_2digit", "tinysched/gcd_100", "tinysched/letters_3to5"]
 SATURATED = ["tinysched/letters_1word", "tinysched/letters_1to2"]
 IMPOSSIBLE = ["tinysched/products_2digit", "tinysched/spell_backward_4", "tinysched/arith_2digit"]
@@ -328,6 +329,18 @@ def section(doc: dict[str, Any], name: str, a: argparse.Namespace) -> dict[str, 
     return sec
 
 
+def forget_changed(sec: dict[str, Any], arms: Arms) -> list[str]:
+    """Drop the stored runs of every arm whose config changed since they ran (a stored run is
+    reused only under the same arm config); returns the arms dropped."""
+    stored = sec.get("arms", {})
+    changed = [arm for arm in arms if arm in stored and stored[arm] != arms[arm]]
+    for arm in changed:
+        sec["runs"].pop(arm, None)
+        print(f"{arm}: its config changed since its stored runs; running it again", flush=True)
+    sec["arms"] = {**stored, **arms}
+    return changed
+
+
 def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, ...]]:
     """(JSON section, arms, seeds) of a part."""
     if domain_set == "D2":
@@ -367,7 +380,7 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     seeds = subset_seeds(seeds, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
-    sec["arms"] = {**sec.get("arms", {}), **arms}
+    forget_changed(sec, arms)
     t0 = time.time()
     run_arms(arms, seeds, a, sec["runs"], lambda: write(out, doc))
     sec["contrasts"] = {k: v for k, v in CONTRASTS.items() if all(x in sec["runs"] for x in v)}
@@ -425,7 +438,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     ap.add_argument("--eval-n", type=int, default=EVAL_PROMPTS, help="distinct eval prompts")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (1 torch thread each)")
-    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-base"))
+    ap.add_argument(
+        "--model", default=str(BASE_MODEL), help="[tiny-base; seesaw: tiny-seesaw-base]"
+    )
     ap.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "disabled"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))

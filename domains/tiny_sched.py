@@ -14,16 +14,19 @@ A mix can only matter where domains differ in how much a group teaches; this set
 difference large on purpose, and the benchmark says so.
 
 The constructed seesaw pair (``PAIR``)
-    ``tinysched/gcd`` and ``tinysched/gcd_plus_one`` ask the *same* questions (the GCD of two
-    numbers up to 100) and differ only in the answer convention: the GCD, or the GCD plus one.
-    The conventions disagree on every item, and the prompt cannot tell them apart. What RL
-    teaches this model fast on such prompts is where to put its answer mass (the GCD of two
-    random numbers is 1 for ~60% of pairs, so "1" pays under the first convention and "2" under
-    the second): moving mass onto one convention's answer takes it from the other's. Both have
-    reward signal at the start. It is labelled as constructed: real domains rarely conflict
-    this cleanly. (A first pair, the letter count vs the count minus one, was dropped on
-    development seed 1: training either convention alone raised *both*, as the sampled answers
-    became better-formed counts; docs/scheduler.md.)
+    ``tinysched/gcd`` and ``tinysched/gcd_plus_100`` ask the *same* questions (the GCD of two
+    numbers up to 100) and differ only in the answer convention: the GCD, or the GCD plus 100.
+    The conventions disagree on every item, the prompt cannot tell them apart, and their answer
+    sets are disjoint (1-100 against 101-200), so no answer pays under both: moving answer mass
+    onto one convention takes it from the other. The shipped base model knows neither, so the
+    pair starts from ``models/tiny-seesaw-base``, a short SFT of it on a 50/50 mix of the two
+    (``configs/seesaw_base_sft.yaml``), where both have reward signal. It is labelled as
+    constructed: real domains rarely conflict this cleanly. Two earlier pairs were dropped on
+    development seed 1 (docs/scheduler.md): the letter count vs the count minus one, and the
+    GCD vs the GCD plus one (``tinysched/gcd_plus_one``, still registered). In both, training
+    one convention alone raised the other too, because the answers RL moves mass onto (a
+    well-formed count; "2", which is also the GCD plus one whenever the GCD is 1) pay under
+    both conventions.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
         "impossible",
     ),
 }
-PAIR = ("tinysched/gcd", "tinysched/gcd_plus_one")  # (A, B) of the seesaw experiment
+PAIR = ("tinysched/gcd", "tinysched/gcd_plus_100")  # (A, B) of the seesaw experiment
+OFFSETS = {"tinysched/gcd_plus_one": 1, "tinysched/gcd_plus_100": 100}  # B conventions
 PAIR_CONFIG = {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 100}
 
 
@@ -104,23 +108,28 @@ def split_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v for k, v in cfg.items() if k not in shared}, shared
 
 
-class PlusOneDomain(TinyDomain):
-    """The questions of another tiny domain, answered with its integer answer plus one."""
+class OffsetDomain(TinyDomain):
+    """The questions of another tiny domain, answered with its integer answer plus ``offset``."""
+
+    def __init__(self, *args: Any, offset: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offset = offset
 
     def generate(self, level: int, rng: Any) -> tuple[str, str, dict[str, Any]]:
         prompt, gold, meta = super().generate(level, rng)
-        return prompt, str(int(gold) + 1), meta
+        return prompt, str(int(gold) + self.offset), meta
 
     def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         return (1.0 if answer.strip() == task.gold else 0.0), {}
 
 
 def sched_domains() -> list[Domain]:
-    """The benchmark set (``SPECS``) and the constructed pair, all single-level."""
+    """The benchmark set (``SPECS``), the GCD and its offset conventions, all single-level."""
     out: list[Domain] = []
     for name, (gen, cfg, _) in SPECS.items():
         level, shared = split_config(cfg)
         out.append(TinyDomain(gen, f"tinysched/{name}", [level], shared))
     out.append(TinyDomain("gcd", PAIR[0], [PAIR_CONFIG], {}))
-    out.append(PlusOneDomain("gcd", PAIR[1], [PAIR_CONFIG], {}))
+    for name, offset in OFFSETS.items():
+        out.append(OffsetDomain("gcd", name, [PAIR_CONFIG], {}, offset=offset))
     return out

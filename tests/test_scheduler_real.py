@@ -215,6 +215,30 @@ def test_seesaw_statistics_validity_onset_catch_and_return() -> None:
     assert (out["caught"], out["back_sooner"], out["valid_all_seeds"]) == (1, 1, True)
 
 
+def test_a_stored_run_is_reused_only_under_its_arms_config() -> None:
+    """Changing an arm's overrides (say the seesaw pair's mix) reruns it: the stored runs of that
+    arm go, the others stay."""
+    sec = {"arms": {"a": ["x=1"], "b": ["y=1"]}, "runs": {"a": {"1": {}}, "b": {"1": {}}}}
+    assert sr.forget_changed(sec, {"a": ["x=2"], "b": ["y=1"], "c": []}) == ["a"]
+    assert set(sec["runs"]) == {"b"} and sec["arms"] == {"a": ["x=2"], "b": ["y=1"], "c": []}
+
+
+def test_the_pair_starts_from_its_own_base_and_develops_in_its_own_section(tmp_path) -> None:
+    import scheduler_pair as sp
+
+    a = sr.parse(["--part", "seesaw", "--run-dir", str(tmp_path)])
+    e = sp.pair_args(a)
+    assert e.model == str(sp.MODEL) and e.domains == list(sp.PAIR) and e.eval_n >= 256
+    assert (sp.MODEL / "model.safetensors").is_file()
+    own = sp.pair_args(sr.parse(["--part", "seesaw", "--model", "/m"]))
+    assert own.model == "/m"  # a model named on the command line is kept
+    share = {arm: json.loads(o.split("=", 1)[1]) for arm, cfg in sp.ARMS.items() for o in cfg
+             if o.startswith("scheduler.weights=")}  # fmt: skip
+    assert share[sp.ROLES["a_only"]][sp.PAIR[1]] == 0.0
+    assert share[sp.ROLES["guard"]] == share[sp.ROLES["no_guard"]]  # only the reaction differs
+    assert share[sp.ROLES["guard"]][sp.PAIR[1]] == sp.B_SHARE < 0.5
+
+
 def test_committed_json_agrees_with_its_extract() -> None:
     """The statistics in benchmarks/scheduler_real.json recompute from its per-run extract."""
     path = ROOT / "benchmarks" / "scheduler_real.json"

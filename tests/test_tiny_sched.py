@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from domains.tiny_sched import PAIR, SPECS
+from domains.tiny_sched import OFFSETS, PAIR, SPECS
 from megatron_rl.domains import load_domains
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_registered_single_level_and_the_benchmark_sets_exist() -> None:
     names = set(load_domains(["tinysched/*"]))
-    assert names == {f"tinysched/{n}" for n in SPECS} | set(PAIR)
+    assert names == {f"tinysched/{n}" for n in SPECS} | {PAIR[0], *OFFSETS} and PAIR[1] in OFFSETS
     assert all(d.levels == (0,) for d in load_domains(["tinysched/*"]).values())
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import scheduler_real as sr
@@ -40,13 +40,20 @@ def test_measured_prompt_spaces_are_large_enough() -> None:
 
 def test_pair_asks_the_same_questions_and_disagrees_on_every_item() -> None:
     """Same question form from the same generator; the gold is the GCD under A and the GCD plus
-    one under B, so no answer scores under both."""
-    a, b = (load_domains(list(PAIR))[n] for n in PAIR)
+    the offset under each other convention (plus 100 under B), so no answer scores under two."""
+    names = [PAIR[0], *OFFSETS]
+    doms = load_domains(names)
+    offsets = {PAIR[0]: 0, **OFFSETS}
+    assert offsets[PAIR[1]] == 100
     numbers = re.compile(r"numbers: (\d+), (\d+)\. Give only the GCD as your final answer\.$")
     for i in range(50):
-        for dom, plus in ((a, 0), (b, 1)):
-            t = dom.task("eval", i, 0, seed=3)
+        golds = {}
+        for name in names:
+            t = doms[name].task("eval", i, 0, seed=3)
             x, y = map(int, numbers.search(t.prompt).groups())
-            assert int(t.gold) == math.gcd(x, y) + plus
-            other = str(math.gcd(x, y) + 1 - plus)  # the other convention's answer
-            assert dom.verify(t, t.gold).score == 1.0 and dom.verify(t, other).score == 0.0
+            assert int(t.gold) == math.gcd(x, y) + offsets[name]
+            golds[name] = (t, math.gcd(x, y))
+        for name, (t, g) in golds.items():
+            for other, off in offsets.items():
+                want = 1.0 if other == name else 0.0
+                assert doms[name].verify(t, str(g + off)).score == want, (name, other)

@@ -39,7 +39,7 @@ import scheduler_real as sr
 import scheduler_stats as stats
 
 PAIR = ("tinysched/gcd", "tinysched/gcd_plus_100")  # (A, B): B is the one that drops
-MODEL = sr.ROOT / "models" / "tiny-seesaw-base"  # `make seesaw-base`
+MODEL = sr.PAIR_MODEL  # `make seesaw-base`; the default --model of --part seesaw
 B_SHARE = 0.33  # B's share of the A-heavy mix (development seed 1, docs/scheduler.md)
 BOOST = 10.0  # the guard's reaction: B's mix score x BOOST while flagged (development seed 1)
 STEPS, EVAL_EVERY, EVAL_PROMPTS = 40, 2, 256  # sweeps every 2 steps: B collapses within ~10
@@ -53,11 +53,9 @@ ARMS: sr.Arms = {
 
 
 def pair_args(a: argparse.Namespace) -> argparse.Namespace:
-    """The benchmark's arguments with the pair's domains, base model, sweeps and eval size."""
+    """The benchmark's arguments with the pair's domains, sweeps and eval size."""
     e = argparse.Namespace(**vars(a))
     e.domains = list(PAIR)
-    if a.model == str(sr.BASE_MODEL):  # the main benchmark's base knows neither convention
-        e.model = str(MODEL)
     if not a.quick:
         e.steps, e.eval_every, e.eval_n = STEPS, EVAL_EVERY, EVAL_PROMPTS
     return e

@@ -61,6 +61,7 @@ import scheduler_stats as stats  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 BASE_MODEL = ROOT / "models" / "tiny-base"
+PAIR_MODEL = ROOT / "models" / "tiny-seesaw-base"  # the seesaw pair's base (`make seesaw-base`)
 FRONTIER = ["tinysched/chain_sum_2digit", "tinysched/gcd_100", "tinysched/letters_3to5"]
 SATURATED = ["tinysched/letters_1word", "tinysched/letters_1to2"]
 IMPOSSIBLE = ["tinysched/products_2digit", "tinysched/spell_backward_4", "tinysched/arith_2digit"]
@@ -414,6 +415,9 @@ def merge(out: Path, other: Path) -> None:
         for key in ("settings", "kind", "pair", "roles"):
             if key in sec:
                 mine[key] = sec[key]
+        clash = [k for k, v in sec.get("arms", {}).items() if mine.get("arms", {}).get(k, v) != v]
+        if clash:
+            raise ValueError(f"section {name!r}: {other} ran arms {clash} with other overrides")
         mine["arms"] = {**mine.get("arms", {}), **sec.get("arms", {})}
         for arm, runs in sec["runs"].items():
             mine.setdefault("runs", {}).setdefault(arm, {}).update(runs)
@@ -438,9 +442,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     ap.add_argument("--eval-n", type=int, default=EVAL_PROMPTS, help="distinct eval prompts")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (1 torch thread each)")
-    ap.add_argument(
-        "--model", default=str(BASE_MODEL), help="[tiny-base; seesaw: tiny-seesaw-base]"
-    )
+    ap.add_argument("--model", help="base model [tiny-base; --part seesaw: tiny-seesaw-base]")
     ap.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "disabled"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))
@@ -450,6 +452,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.eval_every == 1:  # the sweep after step 0 is logged at step 0, as the start's is
         ap.error("--eval-every 1 would log two sweeps at step 0 (the start's); allowed: 0 or >= 2")
+    a.model = a.model or str(PAIR_MODEL if a.part == "seesaw" else BASE_MODEL)
     a.domains = list(DOMAINS if a.set == "D1" else D2)
     a.prompts = a.prompts or (PROMPTS if a.set == "D1" else D2_PROMPTS)
     if a.quick:

@@ -223,6 +223,18 @@ def test_a_stored_run_is_reused_only_under_its_arms_config() -> None:
     assert set(sec["runs"]) == {"b"} and sec["arms"] == {"a": ["x=2"], "b": ["y=1"], "c": []}
 
 
+def test_merge_refuses_runs_of_an_arm_run_with_other_overrides(tmp_path) -> None:
+    def doc(cfg: list[str]) -> dict:
+        sec = {"settings": {"x": 1}, "kind": "seesaw", "pair": ["A", "B"], "arms": {"a": cfg}}
+        return {"sections": {"s": sec | {"runs": {"a": {}}}}}
+
+    out, other = tmp_path / "out.json", tmp_path / "other.json"
+    out.write_text(json.dumps(doc(["x=1"])))
+    other.write_text(json.dumps(doc(["x=2"])))
+    with pytest.raises(ValueError, match=r"ran arms \['a'\] with other overrides"):
+        sr.merge(out, other)
+
+
 def test_the_pair_starts_from_its_own_base_and_develops_in_its_own_section(tmp_path) -> None:
     import scheduler_pair as sp
 

@@ -28,6 +28,7 @@ def test_half_written_checkpoint_is_ignored_and_cleaned(tmp_path) -> None:
     mgr.save(5, {"x": 1})
     # a crash mid-save leaves a .tmp folder and a folder without meta.json
     (tmp_path / "checkpoints" / "step_000006.tmp").mkdir()
+    (tmp_path / "checkpoints" / "step_000006.tmp" / "meta.json").write_text('{"step": 6}')
     (tmp_path / "checkpoints" / "step_000007").mkdir()
     latest = mgr.latest()
     assert latest is not None and latest.name == "step_000005"

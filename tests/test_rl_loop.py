@@ -153,27 +153,34 @@ def _cli(d: Path, run: str, steps: int, *extra: str) -> list[str]:
 
 
 def test_resume_after_kill_repeats_and_skips_nothing(setup_dir: Path) -> None:
+    from megatron_rl.train.checkpoint import CheckpointManager
+
     run = setup_dir / "runs" / "killed"
     cmd = _cli(setup_dir, "killed", 5)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not (run / "checkpoints" / "step_000001").is_dir():
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (run / "checkpoints" / "step_000001").is_dir(), "no checkpoint before the kill"
+    log = setup_dir / "killed.log"
+    ckpts = CheckpointManager(run)
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+        # kill at the first complete checkpoint (any step: on a loaded machine the poll can
+        # wake after a later one, and keep=2 prunes the oldest); a crash ends the wait at once
+        deadline = time.time() + 600
+        while time.time() < deadline and not ckpts.list() and proc.poll() is None:
+            time.sleep(0.1)
+        alive = proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    tail = log.read_text()[-3000:]
+    assert alive, f"the run ended (rc {proc.returncode}) before it was killed:\n{tail}"
+    assert ckpts.list(), f"no checkpoint within 600 s:\n{tail}"
+    killed_at = CheckpointManager.step_of(ckpts.latest())
+    assert killed_at < 5, killed_at
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [r["step"] for r in train_rows(run)]
-    assert steps == [0, 1, 2, 3, 4], steps
+    assert steps == [0, 1, 2, 3, 4], (killed_at, steps)
     assert json.loads((run / "summary.json").read_text())["completed"] is True
 
 

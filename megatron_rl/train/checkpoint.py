@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"step_\d+")
 
 
 def _megatron_initialized() -> bool:
@@ -133,8 +135,14 @@ class CheckpointManager:
         """Complete checkpoints (those with meta.json), oldest first."""
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.glob("step_*") if p.is_dir() and (p / "meta.json").is_file()]
-        return sorted(found, key=lambda p: int(p.name.split("_")[1].split(".")[0]))
+        # only step_NNNNNN: a .tmp folder is never complete, even with meta.json (a kill can
+        # land between writing it and the rename), and a copy someone made is not ours
+        found = [
+            p
+            for p in self.root.glob("step_*")
+            if p.is_dir() and _STEP_DIR.fullmatch(p.name) and (p / "meta.json").is_file()
+        ]
+        return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
     def latest(self) -> Path | None:
         found = self.list()

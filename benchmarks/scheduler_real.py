@@ -25,7 +25,10 @@ already there with the same settings, so parts can run apart):
   ``REPORT_SEEDS``;
 * ``ablations``: the per-domain temperature ablation and the 4x over-sampling probe on
   ``ABLATION_SEEDS``;
-* ``seesaw``: the constructed pair (``benchmarks/scheduler_pair.py``).
+* ``seesaw``: the constructed pair (``benchmarks/scheduler_pair.py``);
+* with ``--set D2``: ``core`` (the headroom study and the adaptive arm on ``REPORT_SEEDS``),
+  ``dev`` (the room-weighted variants, ``ROOM_VARIANTS``, on ``DEV_SEEDS``) and ``confirm``
+  (uniform + filter, D2's oracle and ``ROOM_ARM`` on the fresh ``CONFIRM_SEEDS``).
 
 The JSON keeps, per section, each run's extract (per-sweep per-domain scores, standard errors
 and distinct-prompt counts; groups generated, trained and trained with signal per step; the
@@ -142,6 +145,25 @@ D2_CORE: Arms = {  # the headroom study on D2: the baseline and D2's oracle
     # added 2026-12-02 after D2 showed headroom on seeds 21-25, not in the pre-registration's
     # list of D2 arms (docs/scheduler.md says so): the adaptive arm as decided on dev seed 1
     stats.ADAPTIVE: ADAPTIVE,
+}
+
+
+# The confirmation on D2 (docs/scheduler.md, third addendum, registered 2026-12-03 before any
+# of its runs): the learnability signal weighed by the room left (learn_room), the power chosen
+# on DEV_SEEDS (part dev --set D2), then the three arms below on fresh seeds: the analysis of
+# seeds 21-26 shaped the variant, so those seeds cannot judge it
+CONFIRM_SEEDS = (27, 28, 29, 30, 31, 32)  # fixed 2026-12-03 before any run on them
+ROOM = [*ADAPTIVE, "scheduler.learn_room=true"]
+ROOM_VARIANTS: dict[str, list[str]] = {
+    "adaptive, room": ROOM,
+    "adaptive, room, power 2": [*ROOM, "scheduler.learn_power=2"],
+}
+ROOM_ARM = "adaptive, room"  # the better on the dev seeds (docs/scheduler.md, third addendum)
+D2_DEV: Arms = {stats.BASELINE: CORE[stats.BASELINE], **ROOM_VARIANTS}
+D2_CONFIRM: Arms = {
+    stats.BASELINE: CORE[stats.BASELINE],
+    stats.ORACLE: D2_CORE[stats.ORACLE],
+    ROOM_ARM: ROOM_VARIANTS[ROOM_ARM],
 }
 
 
@@ -345,9 +367,15 @@ def forget_changed(sec: dict[str, Any], arms: Arms) -> list[str]:
 def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, ...]]:
     """(JSON section, arms, seeds) of a part."""
     if domain_set == "D2":
-        if part != "core":
-            raise ValueError("--set D2 has only the headroom study: --part core")
-        return "report-D2", D2_CORE, REPORT_SEEDS
+        if part == "core":
+            return "report-D2", D2_CORE, REPORT_SEEDS
+        if part == "dev":
+            return "dev-D2", D2_DEV, DEV_SEEDS
+        if part == "confirm":
+            return "confirm-D2", D2_CONFIRM, CONFIRM_SEEDS
+        raise ValueError(f"--set D2 --part {part!r}: choose one of core, dev, confirm")
+    if part == "confirm":
+        raise ValueError("--part confirm is D2's (--set D2)")
     if part == "dev":
         arms = {stats.BASELINE: CORE[stats.BASELINE], **ORACLE_CANDIDATES, **ADAPTIVE_VARIANTS}
         return "dev", arms, DEV_SEEDS
@@ -381,6 +409,8 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     seeds = subset_seeds(seeds, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
+    if name.endswith("confirm-D2"):
+        sec["adaptive_arm"] = ROOM_ARM  # the arm the win is judged on (stats.compute)
     forget_changed(sec, arms)
     t0 = time.time()
     run_arms(arms, seeds, a, sec["runs"], lambda: write(out, doc))
@@ -390,8 +420,8 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     write(out, doc)
     print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
     print(table(sec))
-    if "report" in name:  # benchmarks/scheduler_real[_D2]_{curves,domains}.png
-        suffix = "" if a.set == "D1" else f"_{a.set}"
+    if "report" in name or "confirm" in name:  # scheduler_real[_D2][_confirm]_*.png
+        suffix = ("" if a.set == "D1" else f"_{a.set}") + ("_confirm" if "confirm" in name else "")
         print("drew", *draw(sec, out.with_name(out.stem + suffix)))
     return sec
 
@@ -412,7 +442,7 @@ def merge(out: Path, other: Path) -> None:
         mine = doc.setdefault("sections", {}).setdefault(name, {})
         if mine and mine.get("settings") != sec["settings"]:
             raise ValueError(f"section {name!r}: {other} was run with other settings")
-        for key in ("settings", "kind", "pair", "roles"):
+        for key in ("settings", "kind", "pair", "roles", "adaptive_arm"):
             if key in sec:
                 mine[key] = sec[key]
         clash = [k for k, v in sec.get("arms", {}).items() if mine.get("arms", {}).get(k, v) != v]
@@ -432,7 +462,8 @@ def merge(out: Path, other: Path) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", default="core", choices=["dev", "core", "ablations", "seesaw"])
+    parts = ["dev", "core", "ablations", "seesaw", "confirm"]
+    ap.add_argument("--part", default="core", choices=parts)
     ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
     ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")
     ap.add_argument("--set", default="D1", choices=["D1", "D2"], help="domain set")

@@ -259,7 +259,8 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
     for name, (arm, base) in doc.get("contrasts", {}).items():
         out.setdefault("contrasts", {})[name] = compare(runs, arm, base)
     oracle = out["vs_baseline"].get(ORACLE, {}).get("primary")
-    adaptive = out["vs_baseline"].get(ADAPTIVE, {}).get("primary")
+    adaptive_arm = doc.get("adaptive_arm", ADAPTIVE)  # the confirmation names its own
+    adaptive = out["vs_baseline"].get(adaptive_arm, {}).get("primary")
     if oracle:
         out["headroom"] = bool(oracle["mean"] > 2 * oracle["se"])
     if oracle and adaptive:

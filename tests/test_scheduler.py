@@ -156,6 +156,24 @@ def test_learnability_policy_prefers_the_frontier_and_explores_with_ucb():
     assert w[2] > 2 * w[3] > 0  # same signal (none), d2 sampled 20x less: a larger UCB bonus
 
 
+def test_learnability_room_and_power_concentrate_on_the_domain_with_room_left():
+    """learn_room weighs the signal by 1 - p, learn_power sharpens: of two domains with the
+    same 2p(1-p), the one at p = 1/4 beats the one at p = 3/4 by (3/4 / 1/4)^power."""
+    cfg = SchedulerConfig(policy="learnability", learn_ucb=0.0, prior_strength=1e-3)
+    rates = {"g0/d0": 0.25, "g1/d1": 0.75, "g2/d2": 0.5}
+    plain = DomainScheduler(cfg, domains(3), seed=0)
+    feed(plain, rates, step=0, groups=50)
+    w = plain.mix()
+    assert w[0] == pytest.approx(w[1], rel=1e-3) and w[2] > w[0]  # 0.375, 0.375, 0.5
+    for power in (1.0, 2.0):
+        sched = DomainScheduler(replace(cfg, learn_room=True, learn_power=power), domains(3), 0)
+        feed(sched, rates, step=0, groups=50)
+        w = sched.mix()
+        assert w[0] / w[1] == pytest.approx(3.0**power, rel=1e-2)
+        expect = np.array([0.375 * 0.75, 0.375 * 0.25, 0.5 * 0.5]) ** power
+        assert w == pytest.approx(expect / expect.sum(), rel=1e-2)
+
+
 def test_learnability_metric_and_groups_measured_count():
     sched = DomainScheduler(SchedulerConfig(policy="learnability"), domains(2), seed=0)
     feed(sched, {"g0/d0": 0.25}, step=0, groups=3)
@@ -424,6 +442,7 @@ def test_resume_rejects_other_domain_list():
         ("scheduler.seesaw_consecutive=0", "seesaw_consecutive=0 must be >= 1"),
         ("scheduler.seesaw_temperature_scale=0.8", "seesaw_temperature_scale=0.8 must be >= 1"),
         ("scheduler.learn_ucb=-0.1", "learn_ucb=-0.1 must be >= 0"),
+        ("scheduler.learn_power=0", r"learn_power=0.0 must be in \(0, 8\]"),
     ],
 )
 def test_bad_config_fails_at_load(override, message):

@@ -30,6 +30,24 @@ def test_seeds_fixed_apart_and_every_competing_arm_plans_the_same_groups(tmp_pat
     assert len(a.domains) == 8 and a.eval_n >= 128
 
 
+def test_d2_confirmation_runs_fresh_seeds_and_plans_equal_groups(tmp_path) -> None:
+    """The D2 confirmation (docs/scheduler.md, third addendum): seeds no earlier run used, the
+    room arm chosen among the dev variants, and the same groups generated and trained by every
+    arm of D2's dev and confirmation parts."""
+    assert len(sr.CONFIRM_SEEDS) >= 6
+    assert not set(sr.CONFIRM_SEEDS) & (set(sr.REPORT_SEEDS) | set(sr.DEV_SEEDS))
+    assert sr.ROOM_ARM in sr.ROOM_VARIANTS and sr.ROOM_ARM in sr.D2_CONFIRM
+    name, arms, seeds = sr.part_arms("confirm", "D2")
+    assert (name, seeds) == ("confirm-D2", sr.CONFIRM_SEEDS)
+    assert arms[st.ORACLE] == sr.D2_CORE[st.ORACLE]
+    assert sr.part_arms("dev", "D2")[0] == "dev-D2"
+    with pytest.raises(ValueError, match="--part confirm is D2's"):
+        sr.part_arms("confirm", "D1")
+    a = sr.parse(["--set", "D2", "--run-dir", str(tmp_path)])
+    planned = sr.planned_groups({**sr.D2_DEV, **sr.D2_CONFIRM}, a)
+    assert set(planned.values()) == {2 * sr.D2_PROMPTS} and len(a.domains) == 12
+
+
 def write_run(run: Path, trained: list[int]) -> None:
     d = ["x/a", "x/b"]
     sweep = lambda s, v: (
@@ -130,6 +148,10 @@ def test_statistics_headroom_win_regressions_and_recompute(tmp_path) -> None:
     sec["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.02, s) for s in seeds}
     assert st.compute(sec)["win"] is False  # 0.02 < 0.0275
     sec["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.03, s) for s in seeds}
+    # a section that names its own adaptive arm (the D2 confirmation) is judged on that arm
+    named = {**sec, "runs": {**runs, "other": runs[st.ADAPTIVE]}, "adaptive_arm": "other"}
+    named["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.02, s) for s in seeds}
+    assert st.compute(named)["win"] is True
     # the run's SE: sqrt(0.02^2 + 0.02^2) / 2 domains
     assert out["arms"][st.BASELINE]["per_seed"]["21"]["primary_se"] == pytest.approx(0.02 / 2**0.5)
     doc = {"sections": {"report": {**sec, "stats": json.loads(json.dumps(out))}}}

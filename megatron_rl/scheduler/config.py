@@ -39,6 +39,8 @@ class SchedulerConfig:
     confidence_z: float = 1.0  # standard errors used for optimistic/lower bounds on pass rates
     # --- learnability policy -----------------------------------------------------------------
     learn_ucb: float = 0.05  # UCB bonus coefficient (units of mean |advantage| per group)
+    learn_room: bool = False  # x (1 - level pass rate): favour domains with room left to gain
+    learn_power: float = 1.0  # shares ~ (signal + bonus) ** learn_power (> 1 concentrates)
     # --- temperature -------------------------------------------------------------------------
     temperature: float = 1.0  # sampling temperature a domain starts at
     temperature_end: float = 1.0  # temperature after temperature_anneal_groups groups
@@ -179,6 +181,8 @@ class SchedulerConfig:
                 raise ValueError(f"scheduler.{key}={getattr(self, key)} must be >= 1")
         if self.learn_ucb < 0:
             raise ValueError(f"scheduler.learn_ucb={self.learn_ucb} must be >= 0")
+        if not 0.0 < self.learn_power <= 8.0:
+            raise ValueError(f"scheduler.learn_power={self.learn_power} must be in (0, 8]")
         if self.seesaw_bootstrap < 10:
             raise ValueError(f"scheduler.seesaw_bootstrap={self.seesaw_bootstrap} must be >= 10")
         if self.prior_strength <= 0:

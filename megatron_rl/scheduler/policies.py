@@ -32,6 +32,15 @@ Policies (one registry, :data:`POLICIES`):
   ``p (1 - p)``). Deviations: shares proportional to the score (DUMP samples by a softmax of
   it), and the signal is an exponential moving average per group (``ema_decay``) instead of a
   sliding window, like every statistic here.
+
+  Two options, off by default: ``learn_room`` multiplies the signal by the room a domain has
+  left, ``1 - p`` (the posterior mean pass rate at its level), so that of two domains giving
+  groups with equal signal the one further from saturation gets more (for 0/1 rewards the
+  signal becomes ``2 p (1 - p)^2``; a saturated domain's held-out score has little left to
+  rise, and rises anyway from its neighbours' training); ``learn_power`` raises
+  ``signal + bonus`` to a power before the shares are taken (``> 1`` concentrates the mix on
+  the top domains, as DUMP's softmax does at a low temperature; the bonus is added first so it
+  stays in the signal's units).
 """
 
 from __future__ import annotations
@@ -99,12 +108,16 @@ class TargetDifficultyPolicy(MixPolicy):
 
 class LearnabilityPolicy(MixPolicy):
     def scores(self, stats: DomainStats) -> np.ndarray:
+        cfg = self.cfg
         learn = stats.learnability()
         n = stats.measured_seen.astype(float)
-        bonus = self.cfg.learn_ucb * np.sqrt(np.log1p(n.sum()) / (1.0 + n))
+        bonus = cfg.learn_ucb * np.sqrt(np.log1p(n.sum()) / (1.0 + n))
         # Never-measured domains: the largest measured signal (optimism), like learning_progress.
         top = np.nanmax(learn) if (~np.isnan(learn)).any() else 1.0
-        return np.where(np.isnan(learn), top, learn) + bonus + 1e-6
+        signal = np.where(np.isnan(learn), top, learn)
+        if cfg.learn_room:
+            signal = signal * (1.0 - stats.level_pass_rate()[0])
+        return (signal + bonus) ** cfg.learn_power + 1e-6
 
 
 POLICIES: dict[str, type[MixPolicy]] = {

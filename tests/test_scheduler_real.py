@@ -48,6 +48,19 @@ def test_d2_confirmation_runs_fresh_seeds_and_plans_equal_groups(tmp_path) -> No
     assert set(planned.values()) == {2 * sr.D2_PROMPTS} and len(a.domains) == 12
 
 
+def test_learning_rate_is_pinned_per_part_not_taken_from_the_demo(tmp_path) -> None:
+    """The demo config's lr moved three times; the registered parts train at 3e-4, the seesaw
+    pair at 1e-3, and a run is reused only under the same lr (it is in the settings)."""
+    from megatron_rl.config import load_config
+
+    for argv, lr in (([], 3e-4), (["--set", "D2", "--part", "confirm"], 3e-4),
+                     (["--part", "seesaw"], 1e-3), (["--lr", "5e-4"], 5e-4)):  # fmt: skip
+        a = sr.parse([*argv, "--run-dir", str(tmp_path)])
+        cfg = load_config(sr.CONFIG, sr.overrides(sr.CORE[st.BASELINE], "x", 1, a))
+        assert (cfg.train.lr, cfg.train.min_lr, cfg.train.lr_schedule) == (lr, 2e-5, "cosine")
+        assert sr.settings(a)["lr"] == lr
+
+
 def write_run(run: Path, trained: list[int]) -> None:
     d = ["x/a", "x/b"]
     sweep = lambda s, v: (

@@ -26,9 +26,11 @@ already there with the same settings, so parts can run apart):
 * ``ablations``: the per-domain temperature ablation and the 4x over-sampling probe on
   ``ABLATION_SEEDS``;
 * ``seesaw``: the constructed pair (``benchmarks/scheduler_pair.py``);
+* ``room``: ``ROOM_ARM`` on D1's ``REPORT_SEEDS``, beside D1's stored baseline (fourth addendum);
 * with ``--set D2``: ``core`` (the headroom study and the adaptive arm on ``REPORT_SEEDS``),
-  ``dev`` (the room-weighted variants, ``ROOM_VARIANTS``, on ``DEV_SEEDS``) and ``confirm``
-  (uniform + filter, D2's oracle and ``ROOM_ARM`` on the fresh ``CONFIRM_SEEDS``).
+  ``dev`` (the room-weighted variants, ``ROOM_VARIANTS``, on ``DEV_SEEDS``), ``confirm``
+  (uniform + filter, D2's oracle and ``ROOM_ARM`` on the fresh ``CONFIRM_SEEDS``) and
+  ``replicate`` (the same three arms on twelve more fresh seeds, ``REPLICATE_SEEDS``).
 
 The JSON keeps, per section, each run's extract (per-sweep per-domain scores, standard errors
 and distinct-prompt counts; groups generated, trained and trained with signal per step; the
@@ -169,6 +171,12 @@ D2_CONFIRM: Arms = {
     stats.ORACLE: D2_CORE[stats.ORACLE],
     ROOM_ARM: ROOM_VARIANTS[ROOM_ARM],
 }
+# The replication (docs/scheduler.md, fourth addendum, registered 2026-12-03 before any of its
+# runs): the confirmation's three arms on twelve seeds no run has used, so that headroom and
+# the win are judged on one seed set with more power; and the room arm on D1's report seeds
+REPLICATE_SEEDS = tuple(range(33, 45))  # fixed 2026-12-03 before any run on them
+D1_ROOM: Arms = {ROOM_ARM: ROOM_VARIANTS[ROOM_ARM]}
+JUDGED_ON_ROOM = ("confirm-D2", "replicate-D2")  # sections whose win is judged on ROOM_ARM
 
 
 def slug(arm: str) -> str:
@@ -343,18 +351,40 @@ def run_arms(
     return done
 
 
+def model_id(path: str | Path) -> str:
+    """A base model as a section's settings name it: its path inside the repository where it is
+    in it, so the same model in another checkout is the same setting."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def settings(a: argparse.Namespace) -> dict[str, Any]:
     """What a section's runs share; a stored run is reused only under the same settings."""
-    keys = ("steps", "prompts", "group", "eval_every", "eval_n", "domains", "model", "lr")
-    return {k: getattr(a, k) for k in keys} | {"eval": EVAL, "budget": BUDGET}
+    keys = ("steps", "prompts", "group", "eval_every", "eval_n", "domains", "lr")
+    return {k: getattr(a, k) for k in keys} | {
+        "model": model_id(a.model),
+        "eval": EVAL,
+        "budget": BUDGET,
+    }
 
 
 def section(doc: dict[str, Any], name: str, a: argparse.Namespace) -> dict[str, Any]:
-    """The JSON section ``name``; its runs are dropped when the settings changed."""
+    """The JSON section ``name``. A section whose stored runs were made under other settings is
+    refused, not emptied: its runs are results, and a new setting belongs in its own file."""
     sec = doc.setdefault("sections", {}).setdefault(name, {})
-    if sec.get("settings") != json.loads(json.dumps(settings(a))):
+    now = json.loads(json.dumps(settings(a)))
+    if sec.get("settings") != now:
+        if sec.get("runs"):
+            old = sec.get("settings") or {}
+            diff = {k: (old.get(k), now.get(k)) for k in sorted(set(old) | set(now))}
+            diff = {k: v for k, v in diff.items() if v[0] != v[1]}
+            n = sum(len(r) for r in sec["runs"].values())
+            raise ValueError(
+                f"section {name!r} holds {n} runs made with other settings "
+                f"(stored, now: {diff}); run these settings with another --out"
+            )
         sec.clear()
-        sec["settings"] = settings(a)
+        sec["settings"] = now
     sec.setdefault("runs", {})
     return sec
 
@@ -380,9 +410,13 @@ def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, 
             return "dev-D2", D2_DEV, DEV_SEEDS
         if part == "confirm":
             return "confirm-D2", D2_CONFIRM, CONFIRM_SEEDS
-        raise ValueError(f"--set D2 --part {part!r}: choose one of core, dev, confirm")
-    if part == "confirm":
-        raise ValueError("--part confirm is D2's (--set D2)")
+        if part == "replicate":
+            return "replicate-D2", D2_CONFIRM, REPLICATE_SEEDS
+        raise ValueError(f"--set D2 --part {part!r}: choose one of core, dev, confirm, replicate")
+    if part in ("confirm", "replicate"):
+        raise ValueError(f"--part {part} is D2's (--set D2)")
+    if part == "room":  # beside the stored D1 baseline of the same seeds (section report)
+        return "report", D1_ROOM, REPORT_SEEDS
     if part == "dev":
         arms = {stats.BASELINE: CORE[stats.BASELINE], **ORACLE_CANDIDATES, **ADAPTIVE_VARIANTS}
         return "dev", arms, DEV_SEEDS
@@ -390,7 +424,7 @@ def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, 
         return "report", CORE, REPORT_SEEDS
     if part == "ablations":
         return "report", ABLATIONS, ABLATION_SEEDS
-    raise ValueError(f"--part {part!r}: choose one of dev, core, ablations, seesaw")
+    raise ValueError(f"--part {part!r}: choose one of dev, core, ablations, room, seesaw")
 
 
 def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, ...]:
@@ -416,7 +450,7 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     seeds = subset_seeds(seeds, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
-    if name.endswith("confirm-D2"):
+    if name.removeprefix("quick-") in JUDGED_ON_ROOM:
         sec["adaptive_arm"] = ROOM_ARM  # the arm the win is judged on (stats.compute)
     forget_changed(sec, arms)
     t0 = time.time()
@@ -427,8 +461,9 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     write(out, doc)
     print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
     print(table(sec))
-    if "report" in name or "confirm" in name:  # scheduler_real[_D2][_confirm]_*.png
-        suffix = ("" if a.set == "D1" else f"_{a.set}") + ("_confirm" if "confirm" in name else "")
+    if any(k in name for k in ("report", "confirm", "replicate")):  # scheduler_real[_D2][_x]_*.png
+        kind = next((k for k in ("confirm", "replicate") if k in name), None)
+        suffix = ("" if a.set == "D1" else f"_{a.set}") + (f"_{kind}" if kind else "")
         print("drew", *draw(sec, out.with_name(out.stem + suffix)))
     return sec
 
@@ -469,7 +504,7 @@ def merge(out: Path, other: Path) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parts = ["dev", "core", "ablations", "seesaw", "confirm"]
+    parts = ["dev", "core", "ablations", "room", "seesaw", "confirm", "replicate"]
     ap.add_argument("--part", default="core", choices=parts)
     ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
     ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")

@@ -48,6 +48,53 @@ def test_d2_confirmation_runs_fresh_seeds_and_plans_equal_groups(tmp_path) -> No
     assert set(planned.values()) == {2 * sr.D2_PROMPTS} and len(a.domains) == 12
 
 
+def test_replication_and_d1_room_parts_use_fresh_seeds_and_the_confirmed_arms() -> None:
+    """The fourth addendum: twelve seeds no earlier part used, the confirmation's arms exactly,
+    judged on the room arm; and the room arm alone on D1's report seeds, beside its baseline."""
+    used = set(sr.REPORT_SEEDS) | set(sr.DEV_SEEDS) | set(sr.CONFIRM_SEEDS)
+    name, arms, seeds = sr.part_arms("replicate", "D2")
+    assert name == "replicate-D2" and arms == sr.D2_CONFIRM
+    assert len(seeds) >= 12 and not set(seeds) & used and seeds == sr.REPLICATE_SEEDS
+    assert name in sr.JUDGED_ON_ROOM and "confirm-D2" in sr.JUDGED_ON_ROOM
+    assert sr.part_arms("room", "D1") == ("report", {sr.ROOM_ARM: sr.ROOM}, sr.REPORT_SEEDS)
+    with pytest.raises(ValueError, match="--part replicate is D2's"):
+        sr.part_arms("replicate", "D1")
+    with pytest.raises(ValueError, match="choose one of core, dev, confirm, replicate"):
+        sr.part_arms("room", "D2")
+
+
+def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
+    """Every stored real-training section is reusable from this checkout: its settings are what
+    its part would run (the model named inside the repository, not by one checkout's path)."""
+    doc = json.loads((ROOT / "benchmarks" / "scheduler_real.json").read_text())
+    for argv, name in (
+        (["--part", "core"], "report"),
+        (["--part", "room"], "report"),
+        (["--set", "D2", "--part", "core"], "report-D2"),
+        (["--set", "D2", "--part", "dev"], "dev-D2"),
+        (["--set", "D2", "--part", "confirm"], "confirm-D2"),
+    ):
+        a = sr.parse(argv)
+        assert sr.part_arms(a.part, a.set)[0] == name
+        assert json.loads(json.dumps(sr.settings(a))) == doc["sections"][name]["settings"], argv
+    assert sr.model_id(sr.BASE_MODEL) == "models/tiny-base"
+    assert sr.model_id("/elsewhere/m") == "/elsewhere/m"
+
+
+def test_a_section_with_runs_is_refused_under_other_settings_not_emptied(tmp_path) -> None:
+    a = sr.parse(["--set", "D2", "--run-dir", str(tmp_path)])
+    doc: dict = {}
+    sec = sr.section(doc, "s", a)
+    sec["runs"]["uniform + filter"] = {"21": {"score": 1}}
+    assert sr.section(doc, "s", a) is sec  # same settings: reused
+    b = sr.parse(["--set", "D2", "--lr", "1e-3", "--run-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"'s' holds 1 runs .*'lr': \(0.0003, 0.001\)"):
+        sr.section(doc, "s", b)
+    assert doc["sections"]["s"]["runs"] == {"uniform + filter": {"21": {"score": 1}}}
+    doc["sections"]["t"] = {"settings": {"old": 1}, "runs": {}}  # nothing stored: reset
+    assert sr.section(doc, "t", b)["settings"]["lr"] == 1e-3
+
+
 def test_learning_rate_is_pinned_per_part_not_taken_from_the_demo(tmp_path) -> None:
     """The demo config's lr moved three times; the registered parts train at 3e-4, the seesaw
     pair at 1e-3, and a run is reused only under the same lr (it is in the settings)."""

@@ -63,6 +63,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 import scheduler_stats as stats  # noqa: E402
+from scheduler_domains import rel  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 BASE_MODEL = ROOT / "models" / "tiny-base"
@@ -351,18 +352,11 @@ def run_arms(
     return done
 
 
-def model_id(path: str | Path) -> str:
-    """A base model as a section's settings name it: its path inside the repository where it is
-    in it, so the same model in another checkout is the same setting."""
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-
-
 def settings(a: argparse.Namespace) -> dict[str, Any]:
     """What a section's runs share; a stored run is reused only under the same settings."""
     keys = ("steps", "prompts", "group", "eval_every", "eval_n", "domains", "lr")
     return {k: getattr(a, k) for k in keys} | {
-        "model": model_id(a.model),
+        "model": rel(a.model),  # inside the repository: the same in any checkout
         "eval": EVAL,
         "budget": BUDGET,
     }
@@ -461,8 +455,8 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     write(out, doc)
     print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
     print(table(sec))
-    if any(k in name for k in ("report", "confirm", "replicate")):  # scheduler_real[_D2][_x]_*.png
-        kind = next((k for k in ("confirm", "replicate") if k in name), None)
+    kind = next((k for k in ("confirm", "replicate") if k in name), None)
+    if kind or "report" in name:  # scheduler_real[_D2][_confirm|_replicate]_*.png
         suffix = ("" if a.set == "D1" else f"_{a.set}") + (f"_{kind}" if kind else "")
         print("drew", *draw(sec, out.with_name(out.stem + suffix)))
     return sec

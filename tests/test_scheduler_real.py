@@ -77,8 +77,8 @@ def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
         a = sr.parse(argv)
         assert sr.part_arms(a.part, a.set)[0] == name
         assert json.loads(json.dumps(sr.settings(a))) == doc["sections"][name]["settings"], argv
-    assert sr.model_id(sr.BASE_MODEL) == "models/tiny-base"
-    assert sr.model_id("/elsewhere/m") == "/elsewhere/m"
+    assert sr.rel(str(sr.BASE_MODEL)) == "models/tiny-base"
+    assert sr.rel("/elsewhere/m") == "/elsewhere/m"
 
 
 def test_a_section_with_runs_is_refused_under_other_settings_not_emptied(tmp_path) -> None:

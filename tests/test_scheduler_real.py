@@ -73,6 +73,7 @@ def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
         (["--set", "D2", "--part", "core"], "report-D2"),
         (["--set", "D2", "--part", "dev"], "dev-D2"),
         (["--set", "D2", "--part", "confirm"], "confirm-D2"),
+        (["--set", "D2", "--part", "replicate"], "replicate-D2"),
     ):
         a = sr.parse(argv)
         assert sr.part_arms(a.part, a.set)[0] == name

@@ -30,7 +30,9 @@ already there with the same settings, so parts can run apart):
 * with ``--set D2``: ``core`` (the headroom study and the adaptive arm on ``REPORT_SEEDS``),
   ``dev`` (the room-weighted variants, ``ROOM_VARIANTS``, on ``DEV_SEEDS``), ``confirm``
   (uniform + filter, D2's oracle and ``ROOM_ARM`` on the fresh ``CONFIRM_SEEDS``) and
-  ``replicate`` (the same three arms on twelve more fresh seeds, ``REPLICATE_SEEDS``).
+  ``replicate`` (the same three arms on twelve more fresh seeds, ``REPLICATE_SEEDS``),
+  ``dev5`` (variants of the room arm on seeds 27-44, beside their stored baseline and room
+  runs) and ``powered`` (the confirmation's arms on thirty more fresh seeds, ``POWERED_SEEDS``).
 
 The JSON keeps, per section, each run's extract (per-sweep per-domain scores, standard errors
 and distinct-prompt counts; groups generated, trained and trained with signal per step; the
@@ -145,7 +147,7 @@ ABLATIONS: Arms = {
     TEMPERATURE_ARM: [*ADAPTIVE, *TEMPERATURE],
     PROBE: [*BUDGET, "scheduler.policy=uniform", "scheduler.oversample=4.0"],
 }
-CONTRASTS = {"temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE)}
+CONTRASTS = {"temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE)}  # more added below
 D2_CORE: Arms = {  # the headroom study on D2: the baseline and D2's oracle
     stats.BASELINE: CORE[stats.BASELINE],
     stats.ORACLE: static(even(D2_FRONTIER)),
@@ -178,6 +180,25 @@ D2_CONFIRM: Arms = {
 REPLICATE_SEEDS = tuple(range(33, 45))  # fixed 2026-12-03 before any run on them
 D1_ROOM: Arms = {ROOM_ARM: ROOM_VARIANTS[ROOM_ARM]}
 JUDGED_ON_ROOM = ("confirm-D2", "replicate-D2")  # sections whose win is judged on ROOM_ARM
+# The fifth addendum's development (docs/scheduler.md): seeds 27-44 have judged the room arm
+# and serve as development from now on; their stored baseline and room runs are reused (same
+# settings, and a rerun reproduces a stored run exactly), so only the variants run
+DEV5_SEEDS = CONFIRM_SEEDS + REPLICATE_SEEDS
+UCB_VARIANTS: dict[str, list[str]] = {
+    "adaptive, room, UCB 0.02": [*ROOM, "scheduler.learn_ucb=0.02"],
+}
+CONTRASTS["UCB 0.02 vs 0.05"] = ("adaptive, room, UCB 0.02", ROOM_ARM)
+D2_DEV5: Arms = {
+    stats.BASELINE: CORE[stats.BASELINE],
+    ROOM_ARM: ROOM_VARIANTS[ROOM_ARM],
+    **UCB_VARIANTS,
+}
+# The fifth addendum's powered replication (registered 2026-12-04 before any of its runs): the
+# confirmation's three arms on thirty seeds no run has used, sized from seeds 27-44 for ~80%
+# power; the third registered test of the room arm, so its Bonferroni bound is reported too
+POWERED_SEEDS = tuple(range(45, 75))  # fixed 2026-12-04 before any run on them
+LOOKS = {"confirm-D2": 1, "replicate-D2": 2, "powered-D2": 3}  # registered tests of ROOM_ARM
+JUDGED_ON_ROOM = (*JUDGED_ON_ROOM, "powered-D2")
 
 
 def slug(arm: str) -> str:
@@ -406,8 +427,14 @@ def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, 
             return "confirm-D2", D2_CONFIRM, CONFIRM_SEEDS
         if part == "replicate":
             return "replicate-D2", D2_CONFIRM, REPLICATE_SEEDS
-        raise ValueError(f"--set D2 --part {part!r}: choose one of core, dev, confirm, replicate")
-    if part in ("confirm", "replicate"):
+        if part == "dev5":
+            return "dev5-D2", D2_DEV5, DEV5_SEEDS
+        if part == "powered":
+            return "powered-D2", D2_CONFIRM, POWERED_SEEDS
+        raise ValueError(
+            f"--set D2 --part {part!r}: choose one of core, dev, confirm, replicate, dev5, powered"
+        )
+    if part in ("confirm", "replicate", "dev5", "powered"):
         raise ValueError(f"--part {part} is D2's (--set D2)")
     if part == "room":  # beside the stored D1 baseline of the same seeds (section report)
         return "report", D1_ROOM, REPORT_SEEDS
@@ -419,6 +446,32 @@ def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, 
     if part == "ablations":
         return "report", ABLATIONS, ABLATION_SEEDS
     raise ValueError(f"--part {part!r}: choose one of dev, core, ablations, room, seesaw")
+
+
+REUSE = {"dev5-D2": ("confirm-D2", "replicate-D2")}  # sections whose runs a section may reuse
+
+
+def reuse(
+    doc: dict[str, Any],
+    sec: dict[str, Any],
+    arms: Arms,
+    seeds: tuple[int, ...],
+    sources: tuple[str, ...],
+) -> None:
+    """Copy into ``sec`` the stored runs of ``sources`` on ``seeds`` made with the same
+    settings and the same arm config (runs are deterministic: a rerun reproduces its stored
+    extract), noting in ``sec["reused"]`` where each came from; the rest run."""
+    for name in sources:
+        src = doc.get("sections", {}).get(name, {})
+        if src.get("settings") != sec["settings"]:
+            raise ValueError(f"cannot reuse section {name!r}: it was run with other settings")
+        for arm, runs in src.get("runs", {}).items():
+            if arm not in arms or src.get("arms", {}).get(arm) != arms[arm]:
+                continue
+            for seed, ex in runs.items():
+                if int(seed) in seeds and seed not in sec["runs"].get(arm, {}):
+                    sec["runs"].setdefault(arm, {})[seed] = ex
+                    sec.setdefault("reused", {}).setdefault(arm, {})[seed] = name
 
 
 def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, ...]:
@@ -446,7 +499,9 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     sec = section(doc, name, a)
     if name.removeprefix("quick-") in JUDGED_ON_ROOM:
         sec["adaptive_arm"] = ROOM_ARM  # the arm the win is judged on (stats.compute)
+        sec["looks"] = LOOKS[name.removeprefix("quick-")]
     forget_changed(sec, arms)
+    reuse(doc, sec, arms, seeds, REUSE.get(name, ()))
     t0 = time.time()
     run_arms(arms, seeds, a, sec["runs"], lambda: write(out, doc))
     sec["contrasts"] = {k: v for k, v in CONTRASTS.items() if all(x in sec["runs"] for x in v)}
@@ -455,8 +510,8 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     write(out, doc)
     print(f"== {name}: {len(arms)} arms x seeds {list(seeds)}, {a.steps} steps")
     print(table(sec))
-    kind = next((k for k in ("confirm", "replicate") if k in name), None)
-    if kind or "report" in name:  # scheduler_real[_D2][_confirm|_replicate]_*.png
+    kind = next((k for k in ("confirm", "replicate", "powered") if k in name), None)
+    if kind or "report" in name:  # scheduler_real[_D2][_confirm|_replicate|_powered]_*.png
         suffix = ("" if a.set == "D1" else f"_{a.set}") + (f"_{kind}" if kind else "")
         print("drew", *draw(sec, out.with_name(out.stem + suffix)))
     return sec
@@ -478,7 +533,7 @@ def merge(out: Path, other: Path) -> None:
         mine = doc.setdefault("sections", {}).setdefault(name, {})
         if mine and mine.get("settings") != sec["settings"]:
             raise ValueError(f"section {name!r}: {other} was run with other settings")
-        for key in ("settings", "kind", "pair", "roles", "adaptive_arm"):
+        for key in ("settings", "kind", "pair", "roles", "adaptive_arm", "looks", "reused"):
             if key in sec:
                 mine[key] = sec[key]
         clash = [k for k, v in sec.get("arms", {}).items() if mine.get("arms", {}).get(k, v) != v]
@@ -498,7 +553,8 @@ def merge(out: Path, other: Path) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parts = ["dev", "core", "ablations", "room", "seesaw", "confirm", "replicate"]
+    parts = ["dev", "core", "ablations", "room", "seesaw", "confirm", "replicate", "dev5"]
+    parts.append("powered")
     ap.add_argument("--part", default="core", choices=parts)
     ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
     ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")

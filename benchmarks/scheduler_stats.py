@@ -17,7 +17,9 @@ Definitions (docs/scheduler.md, "Pre-registration"):
   interval, one-sided 95% lower bound and sign count;
 * headroom: the oracle's paired mean gain is above 2 of its standard errors;
 * the win: the adaptive arm's one-sided lower bound is above 0 and its mean gain is at least half
-  the oracle's;
+  the oracle's; where a section records ``looks`` (the registered tests of that arm so far, its
+  own included), also its one-sided lower bound at ``1 - 0.05 / looks`` (Bonferroni), reported
+  beside the registered one;
 * a regression: a domain whose final score is more than ``tau`` below its best sweep, with
   ``tau`` = 2 x the robust standard deviation (1.4826 x MAD) of the baseline arm's own
   sweep-to-sweep changes, pooled over its domains, sweeps and seeds.
@@ -267,6 +269,10 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
         lower = adaptive.get("lower95", math.nan)  # (none with a single seed)
         out["win"] = bool(lower > 0 and adaptive["mean"] >= 0.5 * oracle["mean"])
         out["share_of_oracle_gain"] = adaptive["mean"] / oracle["mean"] if oracle["mean"] else None
+        looks = int(doc.get("looks", 1))  # registered tests of this arm so far, this one included
+        if looks > 1 and adaptive["n"] > 1:
+            q = t_quantile(1.0 - 0.05 / looks, adaptive["n"] - 1)
+            out["lower_adjusted"] = {"looks": looks, "lower": adaptive["mean"] - q * adaptive["se"]}
     return out
 
 
@@ -286,7 +292,8 @@ def verdicts(st: dict[str, Any]) -> dict[str, Any]:
     """The pre-registered answers of one section, for the printout."""
     if "validity" in st:
         return {k: st[k] for k in ("valid_all_seeds", "seeds_with_onset", "caught", "back_sooner")}
-    out = {k: st[k] for k in ("headroom", "win", "share_of_oracle_gain") if k in st}
+    keys = ("headroom", "win", "share_of_oracle_gain", "lower_adjusted")
+    out = {k: st[k] for k in keys if k in st}
     for arm, v in st["vs_baseline"].items():
         p = v["primary"]
         if p and p["n"] > 1:

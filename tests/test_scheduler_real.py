@@ -63,6 +63,40 @@ def test_replication_and_d1_room_parts_use_fresh_seeds_and_the_confirmed_arms() 
         sr.part_arms("room", "D2")
 
 
+def test_powered_replication_uses_thirty_fresh_seeds_and_the_confirmed_arms() -> None:
+    """The fifth addendum: seeds no earlier part used, the confirmation's arms exactly, judged
+    on the room arm as its third registered test; development on seeds that already judged."""
+    used = set(sr.REPORT_SEEDS) | set(sr.DEV_SEEDS) | set(sr.CONFIRM_SEEDS)
+    used |= set(sr.REPLICATE_SEEDS)
+    name, arms, seeds = sr.part_arms("powered", "D2")
+    assert name == "powered-D2" and arms == sr.D2_CONFIRM and seeds == sr.POWERED_SEEDS
+    assert len(seeds) >= 30 and not set(seeds) & used
+    assert name in sr.JUDGED_ON_ROOM and sr.LOOKS[name] == 3
+    assert sr.LOOKS["replicate-D2"] == 2 and sr.LOOKS["confirm-D2"] == 1
+    name, arms, seeds = sr.part_arms("dev5", "D2")
+    assert set(seeds) == set(sr.CONFIRM_SEEDS) | set(sr.REPLICATE_SEEDS)
+    assert arms[sr.ROOM_ARM] == sr.ROOM and set(sr.UCB_VARIANTS) < set(arms)
+    for part in ("dev5", "powered"):
+        with pytest.raises(ValueError, match=f"--part {part} is D2's"):
+            sr.part_arms(part, "D1")
+
+
+def test_reuse_copies_only_same_settings_same_arm_runs_of_the_parts_seeds() -> None:
+    arms = {"u": ["p=u"], "r": ["p=r"], "v": ["p=v"]}
+    src = {"settings": {"x": 1}, "arms": {"u": ["p=u"], "r": ["p=OLD"]}}
+    src["runs"] = {"u": {"1": {"k": 1}, "9": {"k": 9}}, "r": {"1": {"k": 2}}}
+    doc = {"sections": {"src": src}}
+    sec: dict = {"settings": {"x": 1}, "runs": {"u": {"1": {"k": "mine"}}}}
+    sr.reuse(doc, sec, arms, (1, 2), ("src",))
+    assert sec["runs"] == {"u": {"1": {"k": "mine"}}}  # own run kept; seed 9 not the part's
+    sec["runs"] = {}
+    sr.reuse(doc, sec, arms, (1, 2), ("src",))
+    assert sec["runs"] == {"u": {"1": {"k": 1}}}  # 'r' ran with another config: not reused
+    assert sec["reused"] == {"u": {"1": "src"}}
+    with pytest.raises(ValueError, match="cannot reuse section 'src'"):
+        sr.reuse(doc, {"settings": {"x": 2}, "runs": {}}, arms, (1,), ("src",))
+
+
 def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
     """Every stored real-training section is reusable from this checkout: its settings are what
     its part would run (the model named inside the repository, not by one checkout's path)."""
@@ -74,6 +108,7 @@ def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
         (["--set", "D2", "--part", "dev"], "dev-D2"),
         (["--set", "D2", "--part", "confirm"], "confirm-D2"),
         (["--set", "D2", "--part", "replicate"], "replicate-D2"),
+        (["--set", "D2", "--part", "dev5"], "dev5-D2"),
     ):
         a = sr.parse(argv)
         assert sr.part_arms(a.part, a.set)[0] == name
@@ -213,6 +248,13 @@ def test_statistics_headroom_win_regressions_and_recompute(tmp_path) -> None:
     named = {**sec, "runs": {**runs, "other": runs[st.ADAPTIVE]}, "adaptive_arm": "other"}
     named["runs"][st.ADAPTIVE] = {str(s): fake_run(base[s] + 0.02, s) for s in seeds}
     assert st.compute(named)["win"] is True
+    assert "lower_adjusted" not in st.compute(named)  # one registered test: no adjustment
+    spread = {str(s): fake_run(base[s] + 0.03 + 0.004 * (s % 2), s) for s in seeds}
+    looked = st.compute({**named, "looks": 3, "runs": {**named["runs"], "other": spread}})
+    p = looked["vs_baseline"]["other"]["primary"]
+    adj = looked["lower_adjusted"]  # Bonferroni over 3 looks: the one-sided 1 - 0.05/3 quantile
+    assert adj["looks"] == 3 and adj["lower"] < p["lower95"]
+    assert adj["lower"] == pytest.approx(p["mean"] - st.t_quantile(1 - 0.05 / 3, 5) * p["se"])
     # the run's SE: sqrt(0.02^2 + 0.02^2) / 2 domains
     assert out["arms"][st.BASELINE]["per_seed"]["21"]["primary_se"] == pytest.approx(0.02 / 2**0.5)
     doc = {"sections": {"report": {**sec, "stats": json.loads(json.dumps(out))}}}

@@ -147,7 +147,6 @@ ABLATIONS: Arms = {
     TEMPERATURE_ARM: [*ADAPTIVE, *TEMPERATURE],
     PROBE: [*BUDGET, "scheduler.policy=uniform", "scheduler.oversample=4.0"],
 }
-CONTRASTS = {"temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE)}  # more added below
 D2_CORE: Arms = {  # the headroom study on D2: the baseline and D2's oracle
     stats.BASELINE: CORE[stats.BASELINE],
     stats.ORACLE: static(even(D2_FRONTIER)),
@@ -179,15 +178,12 @@ D2_CONFIRM: Arms = {
 # the win are judged on one seed set with more power; and the room arm on D1's report seeds
 REPLICATE_SEEDS = tuple(range(33, 45))  # fixed 2026-12-03 before any run on them
 D1_ROOM: Arms = {ROOM_ARM: ROOM_VARIANTS[ROOM_ARM]}
-JUDGED_ON_ROOM = ("confirm-D2", "replicate-D2")  # sections whose win is judged on ROOM_ARM
 # The fifth addendum's development (docs/scheduler.md): seeds 27-44 have judged the room arm
 # and serve as development from now on; their stored baseline and room runs are reused (same
 # settings, and a rerun reproduces a stored run exactly), so only the variants run
 DEV5_SEEDS = CONFIRM_SEEDS + REPLICATE_SEEDS
-UCB_VARIANTS: dict[str, list[str]] = {
-    "adaptive, room, UCB 0.02": [*ROOM, "scheduler.learn_ucb=0.02"],
-}
-CONTRASTS["UCB 0.02 vs 0.05"] = ("adaptive, room, UCB 0.02", ROOM_ARM)
+UCB_ARM = "adaptive, room, UCB 0.02"
+UCB_VARIANTS: dict[str, list[str]] = {UCB_ARM: [*ROOM, "scheduler.learn_ucb=0.02"]}
 D2_DEV5: Arms = {
     stats.BASELINE: CORE[stats.BASELINE],
     ROOM_ARM: ROOM_VARIANTS[ROOM_ARM],
@@ -197,8 +193,12 @@ D2_DEV5: Arms = {
 # confirmation's three arms on thirty seeds no run has used, sized from seeds 27-44 for ~80%
 # power; the third registered test of the room arm, so its Bonferroni bound is reported too
 POWERED_SEEDS = tuple(range(45, 75))  # fixed 2026-12-04 before any run on them
-LOOKS = {"confirm-D2": 1, "replicate-D2": 2, "powered-D2": 3}  # registered tests of ROOM_ARM
-JUDGED_ON_ROOM = (*JUDGED_ON_ROOM, "powered-D2")
+# the sections whose win is judged on ROOM_ARM, each with the registered tests of it so far
+LOOKS = {"confirm-D2": 1, "replicate-D2": 2, "powered-D2": 3}
+CONTRASTS = {  # reported in every section that has both arms
+    "temperature effect": (TEMPERATURE_ARM, stats.ADAPTIVE),
+    "UCB 0.02 vs 0.05": (UCB_ARM, ROOM_ARM),
+}
 
 
 def slug(arm: str) -> str:
@@ -497,9 +497,10 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     seeds = subset_seeds(seeds, a.seeds)
     doc = json.loads(out.read_text()) if out.is_file() else {}
     sec = section(doc, name, a)
-    if name.removeprefix("quick-") in JUDGED_ON_ROOM:
+    looks = LOOKS.get(name.removeprefix("quick-"))
+    if looks:
         sec["adaptive_arm"] = ROOM_ARM  # the arm the win is judged on (stats.compute)
-        sec["looks"] = LOOKS[name.removeprefix("quick-")]
+        sec["looks"] = looks
     forget_changed(sec, arms)
     reuse(doc, sec, arms, seeds, REUSE.get(name, ()))
     t0 = time.time()
@@ -553,8 +554,7 @@ def merge(out: Path, other: Path) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parts = ["dev", "core", "ablations", "room", "seesaw", "confirm", "replicate", "dev5"]
-    parts.append("powered")
+    parts = "dev core ablations room seesaw confirm replicate dev5 powered".split()
     ap.add_argument("--part", default="core", choices=parts)
     ap.add_argument("--arms", nargs="+", help="run only these arms of the part")
     ap.add_argument("--seeds", nargs="+", type=int, help="run only these of the part's seeds")

@@ -155,7 +155,8 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     from megatron_rl.config import load_config
-    from megatron_rl.train import controller, rl
+    from megatron_rl.controller import controller
+    from megatron_rl.train import rl
 
     rec = Recorder(rl.train_step, a.skip)
     rl.train_step = rec  # the loop calls it through the module attribute

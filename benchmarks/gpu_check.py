@@ -233,11 +233,11 @@ def weight_update_check(ctx: Ctx) -> dict[str, Any]:
 def megatron_policy_check(ctx: Ctx) -> dict[str, Any]:
     import torch
 
-    from long_context.packing import pack
     from megatron_rl.model import hf_io
     from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
+    from megatron_rl.packing.batch import pack
     from megatron_rl.train.config import TrainConfig
 
     _, cfg = hf_io.load_hf_config(str(ctx.model))
@@ -293,7 +293,7 @@ def _policy(model_dir: Path, te: bool, train: Any = None) -> Any:
 def _logprobs(pol: Any, seqs: list[list[int]]) -> list[Any]:
     import torch
 
-    from long_context.packing import pack
+    from megatron_rl.packing.batch import pack
 
     batch = pack(seqs, [[1.0] * len(s) for s in seqs])
     ((lp, _),) = pol.token_logprobs([batch])
@@ -325,9 +325,9 @@ def moe_te_check(ctx: Ctx) -> dict[str, Any]:
 
     import torch
 
-    from long_context.packing import pack
     from megatron_rl.model import hf_io
     from megatron_rl.model.moe import ROUTES_KEY, routes_extra
+    from megatron_rl.packing.batch import pack
     from megatron_rl.rollout.tiny_model import make_tiny_qwen3
     from megatron_rl.train.config import TrainConfig
 

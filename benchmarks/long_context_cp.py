@@ -40,8 +40,8 @@ def rl_sample(tokenizer: Any, length: int, seed: int) -> Any:
     """One packed RL sample of exactly ``length`` tokens: needle prompt + response."""
     import torch
 
-    from long_context.packing import pack
     from long_context.tasks import LEVEL_TOKENS, generate
+    from megatron_rl.packing.batch import pack
 
     level = next(i for i, n in enumerate(LEVEL_TOKENS) if 4 * n >= length)  # byte tokenizer
     ids = tokenizer.encode(generate("needle", seed, level).prompt)
@@ -56,7 +56,7 @@ def rl_sample(tokenizer: Any, length: int, seed: int) -> Any:
 
 def use_cp_attention(policy: Any) -> None:
     """CP=1 with the CP core attention (the kernel CP=2 uses), fed the same THD layout."""
-    from long_context.cp_attention import CPDotProductAttention
+    from megatron_rl.model.cp.attention import CPDotProductAttention
 
     for layer in policy.module.decoder.layers:
         old = layer.self_attention.core_attention
@@ -77,7 +77,7 @@ def worker(args: argparse.Namespace) -> None:
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
     from megatron_rl.model.tokenizer import load_tokenizer
-    from megatron_rl.train.rl_step import train_step
+    from megatron_rl.train.step import train_step
 
     torch.set_num_threads(1)
     # the long-position model itself (weights do not change step cost); every micro-batch split

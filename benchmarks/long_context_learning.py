@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/long_context_learning.json")
     parser.add_argument("--png", type=Path, default=ROOT / "docs/long_context_learning.png")
     args = parser.parse_args()
-    from megatron_rl.train.level_eval import accuracy_png, format_levels
+    from megatron_rl.evaluation.levels import accuracy_png, format_levels
 
     rec = record(args.run)
     args.json.write_text(json.dumps(rec, indent=2) + "\n")

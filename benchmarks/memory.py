@@ -39,10 +39,10 @@ def one_point(length: int, recompute: str, threads: int) -> dict[str, float]:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from long_context.packing import pack
     from megatron_rl.model.config import ModelConfig, ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
+    from megatron_rl.packing.batch import pack
     from megatron_rl.train.config import TrainConfig
 
     torch.set_num_threads(threads)

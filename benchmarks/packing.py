@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from long_context.balance import padding_fraction, plan_microbatches  # noqa: E402
-from long_context.packing import PackedBatch, pack  # noqa: E402
 from megatron_rl.model.config import ModelConfig, ParallelConfig  # noqa: E402
+from megatron_rl.packing.balance import padding_fraction, plan_microbatches  # noqa: E402
+from megatron_rl.packing.batch import PackedBatch, pack  # noqa: E402
 
 
 def long_tail_lengths(n: int, seed: int, cap: int) -> list[int]:

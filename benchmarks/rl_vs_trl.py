@@ -127,8 +127,8 @@ def run_config(spec: dict[str, Any]) -> Any:
 
 def plan_tasks(spec: dict[str, Any], cfg: Any, domains: dict[str, Any]) -> list[dict[str, Any]]:
     """The tasks megatron-rl trains on, step by step (same scheduler, seed and cursor)."""
+    from megatron_rl.controller.generate import make_tasks
     from megatron_rl.scheduler import DomainInfo, DomainScheduler
-    from megatron_rl.train.rollout_phase import make_tasks
 
     infos = [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in domains.values()]
     sched = DomainScheduler(cfg.scheduler, infos, cfg.seed)

@@ -49,10 +49,10 @@ def bf16_router(gate: torch.nn.Module) -> None:
 
 def pack_rollout(reqs: list[Any], outs: list[list[Any]]) -> Any:
     """Prompt + completion of every sample packed with the engine's log-probs and routes."""
-    from long_context.packing import pack
+    from megatron_rl.controller.batches import sample_routes
+    from megatron_rl.controller.groups import Sample
     from megatron_rl.model.moe import ROUTES_KEY
-    from megatron_rl.train.rl_step import sample_routes
-    from megatron_rl.train.rollout_phase import Sample
+    from megatron_rl.packing.batch import pack
 
     seqs, masks, lps, routes = [], [], [], []
     for req, group in zip(reqs, outs, strict=True):

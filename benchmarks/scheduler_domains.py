@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from domains.tiny_sched import OFFSETS, PAIR, SPECS
     from megatron_rl.domains import load_domains
     from megatron_rl.model.tokenizer import load_tokenizer
-    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.config import RolloutConfig
 
     torch.set_num_threads(1)

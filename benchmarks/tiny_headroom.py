@@ -42,9 +42,9 @@ def headroom(
 ) -> dict[str, float]:
     """Greedy accuracy, mean pass@1 at T=1 and pass@k at T=1 over up to ``n`` distinct prompts of
     ``split`` at ``level`` (each once; fewer where the split holds fewer)."""
+    from megatron_rl.evaluation.prompt_sets import build_prompt_set
     from megatron_rl.model.tokenizer import prompt_ids
     from megatron_rl.rollout.base import GenRequest, SamplingParams
-    from megatron_rl.train.prompt_sets import build_prompt_set
 
     tasks = build_prompt_set({domain.name: domain}, n, seed, level, split).tasks[domain.name]
     m = len(tasks)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from megatron_rl.model.tokenizer import load_tokenizer
-    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.config import RolloutConfig
 
     torch.set_num_threads(1)

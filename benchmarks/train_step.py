@@ -85,7 +85,7 @@ def step_flops(cfg: Any, seq_lens: list[int]) -> float:
 
 def make_batches(cfg: Any, n_seqs: int, seq_len: int, budget: int) -> list[Any]:
     """Random token sequences with a response loss mask, packed into ``budget``-token rows."""
-    from long_context.packing import pack
+    from megatron_rl.packing.batch import pack
 
     g = torch.Generator().manual_seed(0)
     per_row = max(1, budget // seq_len)

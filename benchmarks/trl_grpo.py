@@ -161,7 +161,7 @@ def make_reward(domains: dict[str, Any]) -> Any:
     """TRL reward function: the domain's verifier and compose_reward, as megatron-rl scores."""
     from megatron_rl.domains import Task
     from megatron_rl.domains.reward import compose_reward
-    from megatron_rl.train.evaluate import safe_verify
+    from megatron_rl.evaluation.evaluate import safe_verify
 
     def reward(completions: list[Any], task: list[str], **_: Any) -> list[float]:
         out = []
@@ -208,10 +208,10 @@ class HeldOut:
     ``evaluate`` call) on a model's current weights, through the HF engine."""
 
     def __init__(self, spec: dict[str, Any], domains: dict[str, Any]) -> None:
+        from megatron_rl.evaluation.sweeps import RLEval
         from megatron_rl.model.tokenizer import load_tokenizer
-        from megatron_rl.rollout.base import build_engine
+        from megatron_rl.rollout.build import build_engine
         from megatron_rl.rollout.config import RolloutConfig
-        from megatron_rl.train.rl_eval import RLEval
 
         self.evals = RLEval(run_config(spec), domains)
         self.tokenizer = load_tokenizer(spec["model"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from domains.tiny import TinyDomain
+from domains.tiny_domain import TinyDomain
 from megatron_rl.domains.base import Domain
 
 ADD_ONLY = {"operators": ("+",), "allow_parentheses": False, "allow_negation": False}

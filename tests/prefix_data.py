@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from long_context.packing import PackedBatch, group_tokens, pack, pack_groups, sample_rows
+from megatron_rl.packing.batch import PackedBatch, group_tokens, pack, pack_groups, sample_rows
 
 PROMPTS = [9, 14, 5, 2]  # prompt length per group (2: the smallest prompt that is shared)
 SIZES = [4, 3, 4, 2]  # members per group

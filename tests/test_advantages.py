@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from megatron_rl.train.advantages import ADVANTAGES, compute_advantages
+from megatron_rl.controller.advantages import ADVANTAGES, compute_advantages
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
 

@@ -162,7 +162,7 @@ def test_gpu_machines_default_to_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
 WORKER = r"""
 import os, sys, time, json
 import torch, torch.distributed as dist
-from megatron_rl.train.rl_report import PreemptionFlag
+from megatron_rl.train.preemption import PreemptionFlag
 dist.init_process_group("gloo")
 rank, out = dist.get_rank(), sys.argv[1]
 stop = PreemptionFlag()

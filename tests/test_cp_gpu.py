@@ -7,7 +7,7 @@ jobs run this file as a worker:
    fp32 kernel), saves its weights, the packed batch and the reference per-token log-probs and
    the gradient of a token-mean loss.
 2. ``cp``: two processes, CP = 2: load the same weights, split the batch with
-   ``long_context.cp_te.te_cp_inputs``, check the split against TE's own
+   ``megatron_rl.model.cp.te.te_cp_inputs``, check the split against TE's own
    ``thd_get_partitioned_indices``, run forward/backward on the local shard, all-gather the
    log-probs and all-reduce the gradients over the CP group, and save them.
 
@@ -45,7 +45,7 @@ def _cfg():
 
 
 def _batch():
-    from long_context.packing import pack
+    from megatron_rl.packing.batch import pack
 
     rng = random.Random(0)
     seqs = [[rng.randrange(128) for _ in range(n)] for n in LENS]
@@ -56,14 +56,14 @@ def _worker(mode: str, out: Path) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
-    from long_context.cp import make_layout, merge, to_token_aligned
-    from long_context.cp_te import (
+    from megatron_rl.model.config import ParallelConfig
+    from megatron_rl.model.cp.shard import make_layout, merge, to_token_aligned
+    from megatron_rl.model.cp.te import (
         cp_token_logprobs,
         gather_token_logprobs,
         te_cp_inputs,
         te_partition_index,
     )
-    from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.gpt import build_gpt_model
     from megatron_rl.model.parallel import init_distributed
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from long_context.cp import (
+from megatron_rl.model.cp.shard import (
     check_cp_supported,
     make_layout,
     merge,
@@ -16,7 +16,7 @@ from long_context.cp import (
     shard,
     to_token_aligned,
 )
-from long_context.packing import pack
+from megatron_rl.packing.batch import pack
 
 
 def random_batch(lens: list[int], seed: int = 0):

@@ -7,8 +7,9 @@ import random
 import pytest
 import torch
 
+from megatron_rl.controller.shares import pack_shares
 from megatron_rl.model.config import ParallelConfig
-from megatron_rl.train.dist_batches import batch_hash, check_rl_layout, pack_shares, share_tokens
+from megatron_rl.train.data_plane import batch_hash, check_rl_layout, share_tokens
 
 
 def groups(sizes: list[int], seed: int) -> tuple[list[list[int]], list[list[float]], dict]:

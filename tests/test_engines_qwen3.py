@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from megatron_rl.model import hf_io
 from megatron_rl.rollout.base import EngineStartError, GenRequest, RolloutEngine, SamplingParams
-from megatron_rl.rollout.base import build_engine as build
+from megatron_rl.rollout.build import build_engine as build
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.tiny_model import make_tiny_qwen3
 from megatron_rl.rollout.weight_sync import sync_weights

@@ -24,8 +24,8 @@ from megatron_rl.domains.sizes import (
     measure_level,
     space_lower_bound,
 )
-from megatron_rl.train.evaluate import evaluate, paired_difference, stderr_of
-from megatron_rl.train.prompt_sets import build_prompt_set, level_quotas
+from megatron_rl.evaluation.evaluate import evaluate, paired_difference, stderr_of
+from megatron_rl.evaluation.prompt_sets import build_prompt_set, level_quotas
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "models" / "tiny-base"
@@ -59,7 +59,7 @@ class SumDomain(Domain):
 def engine() -> Any:
     from transformers import AutoTokenizer
 
-    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.config import RolloutConfig
 
     torch.set_num_threads(1)
@@ -73,7 +73,7 @@ def test_small_space_is_scored_once_per_distinct_prompt(engine: Any, caplog: Any
     dom = SumDomain(6)
     held_out = {p for p in dom.prompts() if split_of(p) == "eval"}
     assert 3 <= len(held_out) < 32  # the space is smaller than the request below
-    with caplog.at_level(logging.WARNING, logger="megatron_rl.train.prompt_sets"):
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.evaluation.prompt_sets"):
         res = evaluate(eng, tok, {dom.name: dom}, 32, seed=0, max_tokens=6)
     prompts = [task.prompt for task, _, _ in res.records]
     assert len(prompts) == len(set(prompts)) == len(held_out)  # each once, none repeated
@@ -100,7 +100,7 @@ def test_prompt_set_is_fixed_stratified_and_warns_once(caplog: Any) -> None:
         {t.prompt for t in a.tasks[dom.name]}
     )
     tiny = SumDomain(4)
-    with caplog.at_level(logging.WARNING, logger="megatron_rl.train.prompt_sets"):
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.evaluation.prompt_sets"):
         s = build_prompt_set({tiny.name: tiny}, 50, seed=0)
     assert s.short == [tiny.name] and len(caplog.records) == 1
 
@@ -240,9 +240,9 @@ def test_the_demo_trains_on_domains_with_room() -> None:
 def test_a_collapse_to_the_majority_answer_is_shown_beside_the_gain() -> None:
     """A policy that answers "1" to every prompt gains up to the share of golds that are "1";
     the summary rows give that constant baseline and the share of the most common answer."""
-    from megatron_rl.train.evaluate import EvalResult
-    from megatron_rl.train.prompt_sets import PromptSet
-    from megatron_rl.train.rl_eval import constant_baseline, domain_rows, format_table
+    from megatron_rl.evaluation.evaluate import EvalResult
+    from megatron_rl.evaluation.prompt_sets import PromptSet
+    from megatron_rl.evaluation.sweeps import constant_baseline, domain_rows, format_table
 
     golds = ["1"] * 6 + ["2"] * 3 + ["3"]
     tasks = [Task("d", "eval", 0, f"id{i}", f"p{i}", g) for i, g in enumerate(golds)]

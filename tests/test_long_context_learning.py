@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from long_context.cp_switch import SPLIT, empty_like, owners
-from long_context.packing import pack
 from megatron_rl.domains.base import split_of
-from megatron_rl.train.level_eval import accuracy_png, level_report
+from megatron_rl.evaluation.levels import accuracy_png, level_report
+from megatron_rl.model.cp.switch import SPLIT, empty_like, owners
+from megatron_rl.packing.batch import pack
 
 ROOT = Path(__file__).resolve().parents[1]
 

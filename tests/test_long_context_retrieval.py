@@ -13,8 +13,8 @@ from domains.long_context import domains
 from long_context.retrieval import GENERATORS, LEVEL_CHARS, generate, level_chars, pad_text
 from megatron_rl.domains.contract import check_domain
 from megatron_rl.domains.registry import registry
+from megatron_rl.evaluation.prompt_sets import build_prompt_set
 from megatron_rl.model.tokenizer import build_tokenizer, prompt_ids
-from megatron_rl.train.prompt_sets import build_prompt_set
 
 KINDS = sorted(GENERATORS)
 NAME = r"\b([BDFGKLMNPRSTVZ][aeiou][bdfgklmnprstvz][aeiou][bdfgklmnprstvz])\b"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from long_context.balance import (
+from megatron_rl.packing.balance import (
     assign_ranks,
     build_batches,
     dummy_batch,
@@ -17,7 +17,7 @@ from long_context.balance import (
     plan_step,
     spread,
 )
-from long_context.packing import unpack
+from megatron_rl.packing.batch import unpack
 
 
 def long_tail(n: int, seed: int) -> list[int]:

@@ -23,7 +23,7 @@ import pytest
 import torch
 from conftest import tiny_model_config
 
-from long_context.packing import PackedBatch, pack
+from megatron_rl.packing.batch import PackedBatch, pack
 
 LENS = [5, 17, 9, 30]
 CFG = tiny_model_config()  # 2 layers, hidden 64, head size 32, vocab 128

@@ -186,7 +186,7 @@ def test_resume_after_kill_repeats_and_skips_nothing(setup_dir: Path) -> None:
 
 def test_verifier_errors_nan_loss_and_empty_batches_are_counted(setup_dir, monkeypatch) -> None:
     from megatron_rl.domains.jsonl import JsonlDomain
-    from megatron_rl.train import rl_step
+    from megatron_rl.train import step as rl_step
     from megatron_rl.train.rl import train_rl
 
     calls = {"n": 0}

@@ -146,9 +146,9 @@ def test_staleness_counts_optimizer_steps_and_evals_see_current_weights(
 ) -> None:
     """sync_every=2 off-policy: staleness in optimizer steps, evals after a sync, the final eval
     on the final weights, and the engine never called by two threads at once."""
-    from megatron_rl.train import rl_report
+    from megatron_rl.controller import controller
 
-    busy, overlaps, real_start = threading.Lock(), [], rl_report.start_engine
+    busy, overlaps, real_start = threading.Lock(), [], controller.start_engine
 
     def start_engine(*args: Any) -> Any:
         engine = real_start(*args)
@@ -168,7 +168,7 @@ def test_staleness_counts_optimizer_steps_and_evals_see_current_weights(
         engine.generate = exclusive
         return engine
 
-    monkeypatch.setattr(rl_report, "start_engine", start_engine)
+    monkeypatch.setattr(controller, "start_engine", start_engine)
     opts = ["rl.off_policy=true", "rollout.sync_every=2", "rl.max_staleness=2", "rl.eval_every=3"]
     rows = run(setup_dir, "stale", 4, *opts)
     # step 2 was generated (prefetched during step 1) before the sync after step 1: 2 behind
@@ -230,7 +230,7 @@ class TurnsDomain(Domain):
 def hf_engine(setup_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.config import RolloutConfig
 
     torch.set_num_threads(1)
@@ -245,7 +245,7 @@ STOP = [*string.printable, "\ufffd"]
 
 
 def test_tool_domains_are_evaluated_with_their_episodes(hf_engine: Any) -> None:
-    from megatron_rl.train.evaluate import evaluate
+    from megatron_rl.evaluation.evaluate import evaluate
 
     engine, tok = hf_engine
     _Turns.steps.clear()
@@ -265,7 +265,7 @@ class OneTurnDomain(TurnsDomain):
 
 
 def test_eval_honours_rollout_stop(hf_engine: Any) -> None:
-    from megatron_rl.train.evaluate import evaluate
+    from megatron_rl.evaluation.evaluate import evaluate
 
     engine, tok = hf_engine
     dom = OneTurnDomain()
@@ -277,9 +277,10 @@ def test_eval_honours_rollout_stop(hf_engine: Any) -> None:
 
 
 def test_episodes_cut_by_the_turn_cap_are_truncated(hf_engine: Any) -> None:
+    from megatron_rl.controller.episodes import MAX_EPISODE_TURNS
+    from megatron_rl.controller.generate import generate, score
+    from megatron_rl.controller.groups import Group
     from megatron_rl.scheduler import GroupSpec
-    from megatron_rl.train.episodes import MAX_EPISODE_TURNS
-    from megatron_rl.train.rollout_phase import Group, generate, score
 
     engine, tok = hf_engine
     _Turns.steps.clear()

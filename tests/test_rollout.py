@@ -15,9 +15,9 @@ from megatron_rl.rollout.base import (
     EngineStartError,
     GenRequest,
     SamplingParams,
-    build_engine,
     derive_seed,
 )
+from megatron_rl.rollout.build import build_engine
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import nucleus_filter
 from megatron_rl.rollout.tiny_model import make_tiny_qwen2

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
-from megatron_rl.rollout.base import build_engine as build
+from megatron_rl.rollout.build import build_engine as build
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import nucleus_filter
 from megatron_rl.rollout.tiny_model import make_tiny_qwen2

@@ -20,15 +20,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from long_context.packing import pack
+from megatron_rl.controller.batches import sample_routes
+from megatron_rl.controller.groups import Sample
+from megatron_rl.controller.shares import zero_batch
 from megatron_rl.model import hf_io
 from megatron_rl.model.moe import ROUTES_KEY
+from megatron_rl.packing.batch import pack
 from megatron_rl.rollout.base import EngineStartError, GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import HFEngine
-from megatron_rl.train.dist_batches import zero_batch
-from megatron_rl.train.rl_step import sample_routes
-from megatron_rl.train.rollout_phase import Sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from routing_replay import bf16_router, measure, pack_rollout  # noqa: E402

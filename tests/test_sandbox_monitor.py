@@ -115,10 +115,10 @@ def test_loop_writes_each_warning_as_one_event_also_past_the_kept_samples(tmp_pa
     import json
     from types import SimpleNamespace
 
+    from megatron_rl.controller.monitoring import monitor_step
     from megatron_rl.rewards import monitor as monitor_mod
     from megatron_rl.tracking.config import TrackingConfig
     from megatron_rl.tracking.tracker import Tracker
-    from megatron_rl.train.rl_report import monitor_step
 
     monkeypatch.setattr(monitor_mod, "MAX_SAMPLES", 2)
     monitor = RewardHackingMonitor(window=WINDOW)

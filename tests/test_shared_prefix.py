@@ -1,4 +1,4 @@
-"""Shared-prefix packing (``long_context.packing.pack_groups``) equals plain packing.
+"""Shared-prefix packing (``megatron_rl.packing.batch.pack_groups``) equals plain packing.
 
 A GRPO group's samples share their prompt. Shared-prefix rows hold the prompt once, then each
 response attending to it (``megatron_rl/model/attention.py``: varlen attention with a prefix
@@ -33,7 +33,7 @@ from prefix_data import (
     segment_local_positions,
 )
 
-from long_context.packing import (
+from megatron_rl.packing.batch import (
     group_bins,
     group_tokens,
     pack_groups,
@@ -140,8 +140,8 @@ def test_grads_equal_plain_packing_per_token_temperature(policy: Any) -> None:
 
 def rl_groups(seed: int = 2) -> list[Any]:
     """Scored GRPO groups of 4 as the rollout phase returns them (prompts of 2-14 tokens)."""
+    from megatron_rl.controller.groups import Group, Sample
     from megatron_rl.scheduler import GroupSpec
-    from megatron_rl.train.rollout_phase import Group, Sample
 
     d = make_groups(CFG.vocab_size, seed=seed, sizes=[4, 4, 4, 4])
     rng = random.Random(seed)
@@ -164,7 +164,9 @@ def test_rl_step_weights_equal_plain_packing(policy: Any) -> None:
     """One RL step (TIS, KL to a reference as a loss, entropy bonus, per-token temperatures)
     from the same weights: the weights after it agree within 1e-5, packed either way."""
     from megatron_rl.config import load_config
-    from megatron_rl.train.rl_step import build_batches, global_normalizer, train_step
+    from megatron_rl.controller.batches import build_batches
+    from megatron_rl.train.losses import global_normalizer
+    from megatron_rl.train.step import train_step
 
     cfg = load_config(None, ["rl.kl_coef=0.1", "rl.kl_estimator=k3", "rl.entropy_coef=0.01",
                              "rl.tis_cap=1.5", "train.lr=1e-3", "train.grad_clip=1.0"])  # fmt: skip
@@ -205,11 +207,11 @@ def test_te_spec_falls_back_to_plain_packing_with_one_line(
 ) -> None:
     """Under Transformer Engine's spec (GPU) the RL step packs one sequence per sample and says
     so once; the local spec (CPU) shares prefixes; off is off."""
-    from megatron_rl.train import rl_step
+    from megatron_rl.controller import batches as rl_step
 
     assert rl_step.shared_prefix_enabled(True) and not rl_step.shared_prefix_enabled(False)
     monkeypatch.setattr(rl_step, "use_te_spec", lambda: True)
-    with caplog.at_level("INFO", logger="megatron_rl.train.rl_step"):
+    with caplog.at_level("INFO", logger="megatron_rl.controller.batches"):
         assert not rl_step.shared_prefix_enabled(True)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "packing one sequence per sample" in lines[0]
@@ -220,9 +222,9 @@ def test_te_spec_falls_back_to_plain_packing_with_one_line(
 def test_routing_replay_packs_plainly_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
     """Replayed expert routes are per-token rows pack_groups does not share: a routing-replay
     run packs one sequence per sample and says so once (local spec, shared_prefix on)."""
-    from megatron_rl.train import rl_step
+    from megatron_rl.controller import batches as rl_step
 
-    with caplog.at_level("INFO", logger="megatron_rl.train.rl_step"):
+    with caplog.at_level("INFO", logger="megatron_rl.controller.batches"):
         assert not rl_step.shared_prefix_enabled(True, routing_replay=True)
         assert not rl_step.shared_prefix_enabled(False, routing_replay=True)
     lines = [r.getMessage() for r in caplog.records]

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from megatron_rl.config import load_config
-    from megatron_rl.rollout.base import build_engine
+    from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.server import serve
 
     if args.wait_workers is not None:

@@ -19,7 +19,8 @@ from megatron_rl.domains.base import (
     extract_answer,
     split_of,
 )
-from megatron_rl.domains.registry import PluginError, load_domains, registry
+from megatron_rl.domains.loading import load_domains
+from megatron_rl.domains.registry import PluginError, registry
 from megatron_rl.domains.reward import RewardWeights, compose_reward
 
 __all__ = [

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from megatron_rl.domains.base import Domain, Task, VerifyResult
-from megatron_rl.domains.registry import load_domains
+from megatron_rl.domains.loading import load_domains
 
 Pair = tuple[Task, str]
 _WORKER_DOMAINS: dict[str, Domain] = {}

@@ -121,30 +121,3 @@ def _no_match(kind: str, pattern: str, names: Sequence[str]) -> str:
     families = sorted({n.split("/", 1)[0] + "/*" for n in names})
     hint = f"closest: {close}" if close else f"families: {families}"
     return f"domain {kind} pattern {pattern!r} matches no registered domain; {hint}"
-
-
-def load_domains(
-    include: Sequence[str] | None = None,
-    exclude: Sequence[str] = (),
-    task_files: Sequence[str] = (),
-    strict: bool = False,
-) -> dict[str, Domain]:
-    """The selected domains by name. ``include=None`` selects all; patterns are fnmatch globs.
-
-    ``task_files`` adds JSONL task sets (see :mod:`megatron_rl.domains.jsonl`). With ``strict``,
-    any plugin error raises ``ValueError``; otherwise errors are logged and the rest load.
-    """
-    reg = registry()
-    if strict and reg.errors:
-        raise ValueError("; ".join(str(e) for e in reg.errors))
-    pool = dict(reg.domains)
-    if task_files:
-        from megatron_rl.domains.jsonl import domains_from_files
-
-        for d in domains_from_files(task_files):
-            if d.name in pool:
-                raise ValueError(
-                    f"task file domain {d.name!r} clashes with plugin {pool[d.name].plugin!r}"
-                )
-            pool[d.name] = d
-    return {n: pool[n] for n in select(list(pool), include, exclude)}

@@ -1,6 +1,7 @@
 """Varlen core attention for packed rows without Transformer Engine (the CPU path).
 
-A packed row holds several sequences back to back (``long_context.packing.PackedBatch``). On GPU,
+A packed row holds several sequences back to back (``megatron_rl/packing/batch.PackedBatch``).
+On GPU,
 Transformer Engine's ``TEDotProductAttention`` takes the row in the THD layout with Megatron's
 ``PackedSeqParams`` (``cu_seqlens``) and attends within each sequence. megatron-core's local
 ``DotProductAttention`` refuses ``PackedSeqParams`` and needs a dense ``[T, T]`` block-diagonal
@@ -33,7 +34,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch import Tensor
 
-from long_context.packing import PackedBatch
+from megatron_rl.packing.batch import PackedBatch
 
 # Sequences whose length is within this factor of their bucket's longest share one padded SDPA
 # call: padding wastes at most 1 - 1/1.25² = 36% of a bucket's scores, and a row of similar
@@ -134,7 +135,7 @@ def varlen_attention(
     q: [T, hq, d]; k, v: [T, hk, d] with hq a multiple of hk (grouped-query attention);
     cu_seqlens: [N + 1] cumulative sequence lengths (cu_seqlens[-1] == T); scale: softmax scale
     (default 1/sqrt(d)); prefix_of: per sequence the index of the sequence it also attends to in
-    full (a shared prompt, ``long_context.packing.pack_groups``) or -1 (None: all -1). Returns
+    full (a shared prompt, ``megatron_rl.packing.batch.pack_groups``) or -1 (None: all -1). Returns
     [T, hq, d]: token t of sequence i attends to tokens cu_seqlens[i] .. t and, if
     prefix_of[i] = j >= 0, to every token of sequence j. Cost: sum over buckets of n * L * (P + L)
     instead of T².

@@ -156,7 +156,7 @@ class ParallelConfig:
         if self.etp not in (0, 1, self.tp):
             raise ValueError(f"parallel.etp={self.etp} is not supported; choose 0 (= tp), 1 or "
                              f"parallel.tp={self.tp}")  # fmt: skip
-        from long_context.cp import check_cp_supported
+        from megatron_rl.model.cp.shard import check_cp_supported
 
         check_cp_supported(self.cp)  # cp > 1 on GPU needs Transformer Engine
 

@@ -30,18 +30,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from long_context.packing import PackedBatch
 from megatron_rl.model import moe
 from megatron_rl.model.arch import family
 from megatron_rl.model.config import ModelConfig, ParallelConfig
-from megatron_rl.model.parallel import have_transformer_engine
+from megatron_rl.model.parallel import use_te_spec
+from megatron_rl.packing.batch import PackedBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def use_te_spec() -> bool:
-    """TE layer spec only with CUDA and Transformer Engine; the local spec everywhere else."""
-    return torch.cuda.is_available() and have_transformer_engine()
 
 
 def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
@@ -110,7 +105,7 @@ def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
         return specs.get_gpt_layer_with_transformer_engine_spec(**options)
     spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **options)
     if cp > 1:
-        from long_context.cp_attention import CPDotProductAttention
+        from megatron_rl.model.cp.attention import CPDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = CPDotProductAttention
     else:

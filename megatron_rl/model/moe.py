@@ -80,7 +80,7 @@ def transformer_kwargs(cfg: ModelConfig, parallel: ParallelConfig) -> dict[str, 
 
 def use_grouped_gemm() -> bool:
     """TE's grouped GEMM for the experts: with the TE layer spec (CUDA + Transformer Engine)."""
-    from megatron_rl.model.gpt import use_te_spec
+    from megatron_rl.model.parallel import use_te_spec
 
     return use_te_spec()
 

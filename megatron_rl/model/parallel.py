@@ -78,6 +78,11 @@ def have_transformer_engine() -> bool:
     return True
 
 
+def use_te_spec() -> bool:
+    """TE layer spec only with CUDA and Transformer Engine; the local spec everywhere else."""
+    return torch.cuda.is_available() and have_transformer_engine()
+
+
 def validate_layout(
     parallel: ParallelConfig, world_size: int, model: ModelConfig | None, gpu: bool | None = None
 ) -> None:

@@ -3,8 +3,8 @@
 Everything that trains or scores goes through :class:`Policy`: SFT, the RL log-prob pass (current
 and reference model), the RL training pass, evaluation, checkpointing and weight sync.
 
-Packed sequences (``long_context.packing.PackedBatch``): one row of ``T`` tokens, run in the THD
-layout with Megatron's ``PackedSeqParams`` (``cu_seqlens``) and no mask, on GPU by Transformer
+Packed sequences (``megatron_rl.packing.batch.PackedBatch``): one row of ``T`` tokens, run in the
+THD layout with Megatron's ``PackedSeqParams`` (``cu_seqlens``) and no mask, on GPU by Transformer
 Engine's attention and on CPU by ``attention.VarlenDotProductAttention`` (per-sequence causal
 attention: cost sum_i s_i², not T²). RoPE positions restart at 0 in every sequence (megatron-core's
 THD RoPE); tested against running each sequence alone and against the dense block-diagonal mask.
@@ -47,12 +47,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from long_context import cp_switch
-from long_context.cp import CPShard, all_gather_merge, check_same_batches, gather_token_aligned
-from long_context.cp_te import te_cp_inputs
-from long_context.packing import PackedBatch, pack, to_device
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, OptimizerConfig, ParallelConfig
+from megatron_rl.model.cp import switch as cp_switch
+from megatron_rl.model.cp.shard import (
+    CPShard,
+    all_gather_merge,
+    check_same_batches,
+    gather_token_aligned,
+)
+from megatron_rl.model.cp.te import te_cp_inputs
 from megatron_rl.model.gpt import (
     TEMPERATURE_KEY,
     align_to_tokens,
@@ -64,6 +68,7 @@ from megatron_rl.model.gpt import (
 from megatron_rl.model.moe import ROUTES_KEY, RoutingReplay
 from megatron_rl.model.parallel import DistInfo, validate_layout
 from megatron_rl.model.policy_state import PolicyState
+from megatron_rl.packing.batch import PackedBatch, pack, to_device
 
 LossFn = Callable[[PackedBatch, Tensor, Tensor], tuple[Tensor, dict[str, Any]]]
 

@@ -14,9 +14,9 @@ from megatron_rl.rollout.base import (
     GenRequest,
     RolloutEngine,
     SamplingParams,
-    build_engine,
     register_engine,
 )
+from megatron_rl.rollout.build import build_engine
 
 
 def __getattr__(name: str) -> Any:  # sync_weights imports torch: only when asked for

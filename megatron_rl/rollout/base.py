@@ -220,18 +220,12 @@ def load_builtin_engines() -> None:
             importlib.import_module(module)
 
 
-def build_engine(cfg: RolloutConfig, model_dir: str, seed: int) -> RolloutEngine:
-    """Start the engine named by ``cfg.engine`` on the HF-layout model in ``model_dir``; with
-    ``cfg.process == "own"`` in a child process (``process_engine.ProcessEngine``, its torch
-    threads ``cfg.threads`` or 1)."""
+def engine_class(cfg: RolloutConfig) -> type[RolloutEngine]:
+    """The registered engine class named by ``cfg.engine`` (``build.build_engine`` starts it)."""
     load_builtin_engines()
     if cfg.engine not in ENGINES:
         raise ValueError(
             f"rollout.engine={cfg.engine!r} is not a registered engine; "
             f"choose one of {sorted(ENGINES)}"
         )
-    if cfg.process == "own" and cfg.engine != "sglang":  # the same engine, in a child process
-        from megatron_rl.rollout.process_engine import ProcessEngine
-
-        return ProcessEngine(cfg, model_dir, seed, cfg.threads or 1)
-    return ENGINES[cfg.engine](cfg, model_dir, seed)  # type: ignore[call-arg]
+    return ENGINES[cfg.engine]

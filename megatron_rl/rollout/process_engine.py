@@ -31,7 +31,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine
+from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, engine_class
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -75,11 +75,9 @@ def _child(conn: Any, cfg: RolloutConfig, model_dir: str, seed: int, threads: in
     """The child's loop: build the engine, then answer one call at a time until shutdown."""
     import torch
 
-    from megatron_rl.rollout.base import build_engine
-
     torch.set_num_threads(threads)
     try:
-        engine = build_engine(replace(cfg, process="same"), model_dir, seed)
+        engine = engine_class(cfg)(replace(cfg, process="same"), model_dir, seed)  # type: ignore[call-arg]
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", e))
         return

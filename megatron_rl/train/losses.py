@@ -55,10 +55,12 @@ value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
+
+from megatron_rl.packing.batch import PackedBatch, to_padded
 
 if TYPE_CHECKING:
     from megatron_rl.train.config import RLConfig
@@ -266,3 +268,24 @@ def rl_loss(
         raise ValueError("rl.entropy_coef != 0 needs the per-token entropy")
     metrics["loss/total"] = float(loss.detach())
     return loss, metrics
+
+
+def global_normalizer(
+    shares: list[list[PackedBatch]], agg: str, constant: float | None = None
+) -> float:
+    """The step's loss normaliser over every DP share (tokens or sequences, by ``rl.loss_agg``;
+    Dr.GRPO's ``constant`` for ``seq_mean_token_sum_norm``, see :func:`drgrpo_constant`)."""
+    masks = [to_padded(b.loss_mask, b.cu_seqlens) for s in shares for b in s]
+    return step_normalizer(masks, agg, constant)  # type: ignore[arg-type]
+
+
+def drgrpo_constant(cfg: Any) -> float:
+    """Dr.GRPO's fixed normaliser: max response tokens x sequences a step is configured for.
+
+    Liu et al. 2025 divide each sequence's token sum by a constant (the generation budget) and
+    average over the batch; with a fixed batch of ``prompts_per_step * group_size`` sequences
+    that is one constant for every step, whatever the filter kept or the samples' lengths.
+    """
+    rl = cfg.rl
+    tokens = rl.max_response_tokens or cfg.rollout.max_new_tokens
+    return float(tokens * rl.prompts_per_step * rl.group_size)

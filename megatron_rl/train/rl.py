@@ -22,18 +22,21 @@ from typing import Any
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
+from megatron_rl.controller.controller import Controller
+from megatron_rl.evaluation.sweeps import eval_due
 from megatron_rl.rollout import weight_group
-from megatron_rl.train import rl_report as report
-from megatron_rl.train.controller import Controller
-from megatron_rl.train.dist_batches import (
+from megatron_rl.train.data_plane import (
     agree_any,
     check_lockstep,
     check_rl_layout,
     rank_to_dp,
     ship,
 )
-from megatron_rl.train.rl_step import train_step
+from megatron_rl.train.preemption import PreemptionFlag, outlasts_grace
+from megatron_rl.train.reference import build_reference, reference_logprobs
 from megatron_rl.train.runtime import export_hf, save_checkpoint, setup_run
+from megatron_rl.train.step import train_step
+from megatron_rl.train.timer import Timer
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +47,10 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
     if cfg.rollout.sglang.weight_sync == "distributed":  # before any process group exists
         weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
-    stop = report.PreemptionFlag()
+    stop = PreemptionFlag()
     rt = setup_run(cfg, "rl")
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
-    ref = report.build_reference(rt)
+    ref = build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
     # the only engine and scheduler; trainer ranks wait on the control group (long timeout)
     ctl = Controller(rt, engine_dir, ref) if rt.is_main else None
@@ -58,7 +61,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         initial=rt.start_step,
         total=cfg.train.steps,
     )
-    carry = report.Timer()  # a step's clock starts where the previous step's metrics were taken
+    carry = Timer()  # a step's clock starts where the previous step's metrics were taken
     ckpt_s = 0.0  # how long the last checkpoint took
     for step in bar:
         t = carry
@@ -72,27 +75,27 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
             if work.train:
                 ref_lp = None  # with kl_in_reward the KL is in the rewards, not the loss
                 if not cfg.rl.kl_in_reward:
-                    ref_lp = report.reference_logprobs(ref, work.batches)
+                    ref_lp = reference_logprobs(ref, work.batches)
                 metrics.update(
                     train_step(rt.policy, cfg, work.batches, step, ref_lp, work.normalizer)
                 )
         # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket;
         # also before an eval and after the last step, so evals score the current weights
         last = step == cfg.train.steps - 1
-        if (step + 1) % cfg.rollout.sync_every == 0 or report.eval_due(cfg, step) or last:
+        if (step + 1) % cfg.rollout.sync_every == 0 or eval_due(cfg, step) or last:
             with t("sync"):
                 sd = rt.policy.hf_state_dict()
                 if ctl:
                     metrics.update(ctl.sync(sd, step + 1))
         # 7. evaluate held-out tasks and log (controller), then checkpoint (every rank)
         # (this step's logging and checkpoint count in the next step's row: ``carry``)
-        carry = ctl.end_step(step, metrics, t) if ctl else report.Timer()
+        carry = ctl.end_step(step, metrics, t) if ctl else Timer()
         if ctl:
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
         # a step too long to finish between a signal and the kill: keep a checkpoint per step
-        unsafe = agree_any(report.outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
+        unsafe = agree_any(outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
         if last or stopping or every or unsafe:
             with carry("checkpoint"):
                 t_ckpt = time.time()

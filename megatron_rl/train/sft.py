@@ -21,14 +21,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from long_context.packing import PackedBatch, budget_bins, pack
 from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain, load_domains
+from megatron_rl.evaluation.evaluate import evaluate
+from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.model.tokenizer import eos_id, prompt_ids
-from megatron_rl.rollout.base import build_engine
-from megatron_rl.train.evaluate import evaluate
+from megatron_rl.packing.batch import PackedBatch, budget_bins, pack
+from megatron_rl.rollout.build import build_engine
 from megatron_rl.train.optim import lr_at
-from megatron_rl.train.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.train.runtime import Runtime, export_hf, save_checkpoint, setup_run
 
 log = logging.getLogger(__name__)

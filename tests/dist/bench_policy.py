@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from long_context.packing import PackedBatch, pack
+from megatron_rl.packing.batch import PackedBatch, pack
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.gpt import block_causal_mask
 from megatron_rl.model.parallel import destroy_distributed, init_distributed

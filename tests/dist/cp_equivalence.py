@@ -26,14 +26,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from long_context.packing import PackedBatch, pack
+from megatron_rl.packing.batch import PackedBatch, pack
 from megatron_rl.config import load_config
 from megatron_rl.model import convert
 from megatron_rl.model import policy as policy_module
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.rl_step import global_normalizer, train_step
+from megatron_rl.train.losses import global_normalizer
+from megatron_rl.train.step import train_step
 
 CFG = ModelConfig(
     num_layers=2,

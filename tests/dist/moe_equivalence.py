@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from long_context.packing import PackedBatch, pack
+from megatron_rl.packing.batch import PackedBatch, pack
 from megatron_rl.config import RunConfig
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, MoEConfig, ParallelConfig
@@ -31,7 +31,8 @@ from megatron_rl.model.moe import ROUTES_KEY, routes_extra
 from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.train.config import RLConfig, TrainConfig
-from megatron_rl.train.rl_step import global_normalizer, train_step
+from megatron_rl.train.losses import global_normalizer
+from megatron_rl.train.step import train_step
 
 CFG = ModelConfig(
     arch="qwen3_moe",

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from long_context.packing import PackedBatch, pack
+from megatron_rl.packing.batch import PackedBatch, pack
 from megatron_rl.model import convert
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.export import hf_buckets

@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from long_context.packing import sample_rows
+from megatron_rl.packing.batch import sample_rows
 from megatron_rl.config import load_config
 from megatron_rl.model.parallel import destroy_distributed
 from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.train import rl
-from megatron_rl.train.dist_batches import batch_hash
+from megatron_rl.train.data_plane import batch_hash
 
 STATE: dict[str, Any] = {}
 

@@ -1,22 +1,4 @@
-"""The data plane of a distributed RL step: DP shares by tokens, shipping, lockstep, reductions.
-
-The controller (global rank 0, see ``controller.py``) builds every DP rank's micro-batches once
-per step; :func:`ship` hands each rank its share over the CPU control group
-(``parallel.control_group``, gloo: it works beside NCCL training too). Every rank of one
-TP/PP/CP group gets the same pickled share, so their micro-batches are byte-identical;
-:func:`check_lockstep` proves it each step (a hash all-gather) and fails loudly instead of
-letting differing batches deadlock a collective.
-
-Partitioning (:func:`pack_shares`): the kept groups (a group stays whole on one rank, its
-advantages are relative to each other) are split over the DP ranks with near-equal token totals
-by ``long_context.balance.assign_ranks`` (Karmarkar-Karp or LPT, whichever spreads less). Each
-share is cut into micro-batches of at most ``budget`` tokens, with each group's prompt once when
-packed with shared prefixes (``train.shared_prefix``). Ranks get the same number of
-micro-batches: the missing ones, and a whole share when a thin step has fewer groups than DP
-ranks, are zero-weight micro-batches (one pad token, loss mask 0, each extra as at a real
-sequence's first token: every extra of the step is carried, whatever its name), so every rank
-takes part in the step's collectives and contributes exactly zero gradient.
-"""
+"""DATAPLANE"""
 
 from __future__ import annotations
 
@@ -27,18 +9,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from long_context.balance import assign_ranks, dummy_batch
-from long_context.packing import (
-    PackedBatch,
-    budget_bins,
-    group_bins,
-    group_tokens,
-    pack,
-    pack_groups,
-)
 from megatron_rl.model.parallel import DistInfo, control_group
-
-Extras = dict[str, list[list[float]]]
+from megatron_rl.packing.batch import (
+    PackedBatch,
+)
 
 
 @dataclass
@@ -49,86 +23,6 @@ class StepWork:
     normalizer: float  # the step's loss normaliser summed over every DP share (rl.loss_agg)
     train: bool  # False when no group at all was kept: every rank skips the update
     info: dict[str, Any] = field(default_factory=dict)  # e.g. {"tokens": per-DP-rank tokens}
-
-
-def zero_batch(fill: dict[str, Any], pad_id: int = 0) -> PackedBatch:
-    """A micro-batch that trains nothing: one pad token, loss mask 0, extras set to ``fill``.
-
-    ``fill`` gives each extra the value a real sequence has at its first token (a sequence start,
-    like this one), so per-token inputs such as a temperature stay in their valid range (a
-    per-token row, such as replayed routes, gives a ``[1, D]`` extra).
-    """
-    b = dummy_batch(pad_id)
-    b.extras = {k: torch.as_tensor(v, dtype=torch.float32)[None] for k, v in fill.items()}
-    return b
-
-
-def pack_rows(
-    seqs: list[list[int]],
-    masks: list[list[float]],
-    extras: Extras,
-    groups: list[list[int]],
-    budget: int,
-    prompt_lens: list[int] | None = None,
-) -> list[PackedBatch]:
-    """Micro-batches of at most ``budget`` tokens holding the samples of ``groups`` (indices).
-
-    With ``prompt_lens`` (per sample) the groups are packed with shared prefixes
-    (``long_context.packing.pack_groups``: each group's prompt once, a group over the budget split
-    into chunks of members); without, one sequence per sample (first-fit decreasing).
-    """
-    if prompt_lens is not None:
-        lens = [len(s) for s in seqs]
-        return [
-            pack_groups(seqs, masks, chunks, prompt_lens, extras)
-            for chunks in group_bins(groups, lens, prompt_lens, budget)
-        ]
-    idx = [i for g in groups for i in g]
-    bins = budget_bins([len(seqs[i]) for i in idx], budget) if idx else []
-    return [
-        pack(
-            [seqs[idx[j]] for j in b],
-            [masks[idx[j]] for j in b],
-            seq_ids=[idx[j] for j in b],
-            extras={k: [v[idx[j]] for j in b] for k, v in extras.items()},
-        )
-        for b in bins
-    ]
-
-
-def pack_shares(
-    seqs: list[list[int]],
-    masks: list[list[float]],
-    extras: Extras,
-    group_sizes: list[int],
-    dp: int,
-    budget: int,
-    prompt_lens: list[int] | None = None,
-) -> list[list[PackedBatch]]:
-    """Per DP rank, packed micro-batches of its groups; equal counts (zero batches pad).
-
-    ``seqs`` are grouped consecutively: the first ``group_sizes[0]`` belong to group 0, etc.
-    ``prompt_lens`` (per sample): pack with shared prefixes (:func:`pack_rows`), and balance the
-    ranks by the tokens of that layout. Returns ``[[] ...]`` (dp empty lists) when there is no
-    sequence at all.
-    """
-    if not seqs:
-        return [[] for _ in range(dp)]
-    starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
-    members = [list(range(s, s + n)) for s, n in zip(starts, group_sizes, strict=True)]
-    if prompt_lens is None:
-        tokens = [sum(len(seqs[i]) for i in m) for m in members]
-    else:
-        tokens = [group_tokens([len(seqs[i]) for i in m], prompt_lens[m[0]]) for m in members]
-    shares = [
-        pack_rows(seqs, masks, extras, [members[g] for g in groups], budget, prompt_lens)
-        for groups in assign_ranks(tokens, dp)
-    ]
-    most = max(len(s) for s in shares)
-    fill = {k: v[0][0] for k, v in extras.items()}  # what a sequence start carries
-    for s in shares:
-        s.extend(zero_batch(fill) for _ in range(most - len(s)))
-    return shares
 
 
 def share_tokens(share: list[PackedBatch]) -> int:

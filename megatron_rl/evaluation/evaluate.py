@@ -2,7 +2,7 @@
 
 The same function serves SFT (accuracy of the base model), the RL loop (before/after, periodic
 sweeps, and the training-prompt sample of the memorisation gap) and the scheduler's seesaw guard
-(per-prompt scores). The prompts come from a :class:`~megatron_rl.train.prompt_sets.PromptSet`:
+(per-prompt scores). The prompts come from a :class:`~megatron_rl.evaluation.prompt_sets.PromptSet`:
 distinct tasks of one split, each scored once; the held-out split is disjoint from training by
 construction (``megatron_rl/domains/base.py``).
 
@@ -27,12 +27,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron_rl.controller.episodes import run_episodes
 from megatron_rl.domains import Domain, Task, VerifyResult
 from megatron_rl.domains.base import stable_int
+from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
-from megatron_rl.train.episodes import run_episodes
-from megatron_rl.train.prompt_sets import PromptSet, build_prompt_set
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +223,8 @@ def _responses(
     temperature: float,
 ) -> list[list[str]]:
     """``samples`` responses to each task (the last model turn for multi-turn domains)."""
+    from megatron_rl.controller.groups import Group
     from megatron_rl.scheduler import GroupSpec
-    from megatron_rl.train.rollout_phase import Group
 
     single = [i for i, t in enumerate(tasks) if not domains[t.domain].multi_turn]
     multi = [i for i, t in enumerate(tasks) if domains[t.domain].multi_turn]

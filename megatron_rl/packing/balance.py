@@ -2,7 +2,7 @@
 
 A step's sequences (prompt + response, lengths in tokens) are split over ``dp_size`` ranks so that
 every rank does about the same work, then each rank's share is cut into packed micro-batches of at
-most ``budget`` tokens (:func:`long_context.packing.budget_bins`).
+most ``budget`` tokens (:func:`megatron_rl.packing.batch.budget_bins`).
 
 Rank assignment: the sequences are partitioned into ``dp_size`` sets of near-equal token count.
 Two partitioners run and the one with the smaller spread (max - min rank load) wins:
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from long_context.packing import PackedBatch, budget_bins, pack
+from megatron_rl.packing.batch import PackedBatch, budget_bins, pack
 
 Plan = list[list[list[int]]]  # [rank][micro-batch] -> indices into the caller's sequence list
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from megatron_rl.domains import Domain
+from megatron_rl.evaluation.evaluate import evaluate, paired_difference, stderr_of
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import RolloutEngine
-from megatron_rl.train.evaluate import evaluate, paired_difference, stderr_of
 
 
 def stderr(values: list[float]) -> float | None:

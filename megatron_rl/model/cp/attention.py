@@ -123,7 +123,7 @@ def cp_packed_attention(
 
     query [L, H, D], key/value [L, G, D] (G query groups, H % G == 0) in this rank's layout;
     ``cu_seqlens_padded`` [n + 1] the global padded boundaries. A shared-prefix row
-    (``long_context.packing.pack_groups``) also gives ``prefix_of`` (per sequence, the
+    (``megatron_rl.packing.batch.pack_groups``) also gives ``prefix_of`` (per sequence, the
     sequence it attends to in full, or -1) and the real boundaries ``cu_seqlens``: since every
     rank gathers the whole row's keys, a prefix may lie on any rank. Returns [L, H, D].
     """

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from long_context.packing import PackedBatch
+from megatron_rl.packing.batch import PackedBatch
 
 SPLIT = -1  # owner of a micro-batch that is split over the whole CP group
 

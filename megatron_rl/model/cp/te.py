@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from long_context.cp import CPShard, all_gather_merge, shard, to_padded, to_token_aligned
-from long_context.packing import PackedBatch
+from megatron_rl.model.cp.shard import CPShard, all_gather_merge, shard, to_padded, to_token_aligned
+from megatron_rl.packing.batch import PackedBatch
 
 
 @dataclass

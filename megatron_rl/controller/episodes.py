@@ -20,7 +20,7 @@ from megatron_rl.model.tokenizer import prompt_ids, render_chat
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
-    from megatron_rl.train.rollout_phase import Group
+    from megatron_rl.controller.groups import Group
 
 MAX_EPISODE_TURNS = 8  # hard cap on model turns; an episode cut off by it is truncated
 
@@ -75,7 +75,7 @@ def run_episodes(
     stop: list[str] | None = None,
 ) -> None:
     """Run ``n`` episodes per group and fill ``group.samples`` (in place)."""
-    from megatron_rl.train.rollout_phase import Sample
+    from megatron_rl.controller.groups import Sample
 
     episodes = {
         id(g): [_Episode(domains[g.spec.domain], g, tokenizer) for _ in range(n)] for g in groups

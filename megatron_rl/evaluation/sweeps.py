@@ -26,12 +26,12 @@ from typing import Any
 
 from megatron_rl.domains import Domain
 from megatron_rl.domains.jsonl import append_eval_failures
+from megatron_rl.evaluation.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
+from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.scheduler.curves import curves_png
-from megatron_rl.train.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
-from megatron_rl.train.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.train.runtime import Runtime
 
 
@@ -261,3 +261,9 @@ def _num(x: float | None, fmt: str = "6.3f") -> str:
     if x is None:
         return "n/a".rjust(len(format(0.0, fmt)))
     return format(x, fmt)
+
+
+def eval_due(cfg: Any, step: int) -> bool:
+    """A periodic held-out eval follows this step (the final one is after the loop)."""
+    every = cfg.rl.eval_every
+    return bool(every) and (step + 1) % every == 0 and step + 1 < cfg.train.steps

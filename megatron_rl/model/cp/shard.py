@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from long_context.packing import PackedBatch
+from megatron_rl.packing.batch import PackedBatch
 
 
 def check_cp_supported(cp: int) -> None:

@@ -19,23 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from long_context.packing import PackedBatch
+from megatron_rl.controller.batches import build_batches, kl_reward_penalties, shared_prefix_enabled
+from megatron_rl.controller.engine import finish, start_engine
+from megatron_rl.controller.generate import RolloutProducer, rollout_metrics
+from megatron_rl.controller.groups import Group
+from megatron_rl.controller.monitoring import log_samples, monitor_step
 from megatron_rl.domains import load_domains
+from megatron_rl.evaluation import levels as level_eval
+from megatron_rl.evaluation.sweeps import RLEval, eval_due, run_eval, summarize
+from megatron_rl.packing.batch import PackedBatch
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
-from megatron_rl.train import level_eval
-from megatron_rl.train import rl_report as report
-from megatron_rl.train.rl_eval import RLEval, run_eval, summarize
-from megatron_rl.train.rl_step import (
-    build_batches,
-    drgrpo_constant,
-    global_normalizer,
-    kl_reward_penalties,
-    shared_prefix_enabled,
-)
-from megatron_rl.train.rollout_phase import Group, RolloutProducer, rollout_metrics
+from megatron_rl.train.losses import drgrpo_constant, global_normalizer
 from megatron_rl.train.runtime import Runtime
+from megatron_rl.train.timer import Timer
 
 
 class Controller:
@@ -60,7 +58,7 @@ class Controller:
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
         self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
-        self.engine = report.start_engine(rt, engine_dir)
+        self.engine = start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
         self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.levels_before = state.get("levels_before") or self.level_sweep()
@@ -72,7 +70,7 @@ class Controller:
         self.events: list[dict[str, Any]] = []
 
     def rollout(
-        self, step: int, t: report.Timer
+        self, step: int, t: Timer
     ) -> tuple[list[list[PackedBatch]], float, dict[str, float]]:
         """Steps 1-4 once for the whole world: per-DP-rank micro-batches, normaliser, metrics."""
         cfg = self.cfg
@@ -81,7 +79,7 @@ class Controller:
         groups, timing = self.producer.get(step)
         t.spent.update(generate=timing["generate"], score=timing["score"])
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
-        metrics.update(report.monitor_step(self.rt, self.monitor, step, groups))
+        metrics.update(monitor_step(self.rt, self.monitor, step, groups))
         results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
         kept = self.sched.select(results, cfg.rl.prompts_per_step)
@@ -132,13 +130,13 @@ class Controller:
             cfg.rl.eval_samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
         )  # fmt: skip
 
-    def end_step(self, step: int, metrics: dict[str, float], t: report.Timer) -> report.Timer:
+    def end_step(self, step: int, metrics: dict[str, float], t: Timer) -> Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
 
         Returns the next step's Timer, started when this step's metrics were taken: the logging
         here (and the loop's checkpoint) count in the next row as ``time/log_s``.
         """
-        if report.eval_due(self.cfg, step):  # the loop synced the weights before it
+        if eval_due(self.cfg, step):  # the loop synced the weights before it
             with t("eval"):
                 self.producer.wait()  # never share the engine with a prefetching thread
                 metrics.update(self.evaluate(step)["metrics"])
@@ -146,10 +144,10 @@ class Controller:
             self.rt.tracker.event(step, e.pop("event", "scheduler"), **e)
         metrics.update(self.sched.metrics())
         metrics.update(t.metrics(metrics))
-        carry = report.Timer()
+        carry = Timer()
         with carry("log"):
             self.rt.tracker.log(step, metrics)
-            report.log_samples(self.rt, step, self.groups)
+            log_samples(self.rt, step, self.groups)
         return carry
 
     def state(self) -> dict[str, Any]:
@@ -166,7 +164,7 @@ class Controller:
         """Final eval and summary (or the preemption record); shuts the engine down."""
         self.producer.close()
         if preempted_at is not None:
-            return report.finish(self.rt, self.engine, {"completed": False,
+            return finish(self.rt, self.engine, {"completed": False,
                                                          "preempted_at": preempted_at})  # fmt: skip
         steps = self.cfg.train.steps
         after = self.evaluate(steps, with_train=True)
@@ -178,4 +176,4 @@ class Controller:
             level_eval.write_summary(self.rt.run_dir, summary)
             level_eval.accuracy_png(levels, self.rt.run_dir / "accuracy_vs_length.png")
             print(level_eval.format_levels(levels))
-        return report.finish(self.rt, self.engine, summary)
+        return finish(self.rt, self.engine, summary)

@@ -275,3 +275,13 @@ def sample_rows(batch: PackedBatch) -> dict[int, torch.Tensor]:
         head = prefix_of[s]
         out[sid] = own if head < 0 else torch.cat([torch.arange(cu[head], cu[head + 1]), own])
     return out
+
+
+def to_padded(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Packed per-token values [T] -> [n, L_max] (zeros past each sequence's end); keeps grad."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    width = int(lens.max())
+    offs = torch.arange(width, device=values.device)
+    idx = cu_seqlens[:-1, None].long() + offs[None, :]
+    valid = offs[None, :] < lens[:, None]
+    return torch.where(valid, values[idx.clamp(max=values.numel() - 1)], values.new_zeros(()))

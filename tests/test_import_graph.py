@@ -11,6 +11,9 @@ that dodges a circle at run time is still a circle for the reader. Imports under
   ``megatron_rl/model/cp/``); long_context/ holds the long-context tasks and data.
 - the library (``megatron_rl/``, ``long_context/``, ``domains/``, ``launch/``) never imports
   ``benchmarks/``; a study (``benchmarks/studies/``) may import the library and the harness.
+- of ``megatron_rl/train/`` (what trainer ranks run) only the loop imports the controller.
+
+docs/layout.md has the table of packages.
 """
 
 from __future__ import annotations
@@ -157,6 +160,12 @@ def test_long_context_and_the_library_import_one_way() -> None:
 def test_the_library_never_imports_benchmarks_or_a_study() -> None:
     for pkg in LIBRARY:
         assert not crossing(GRAPH, pkg, "benchmarks"), pkg
+
+
+def test_the_trainer_side_knows_no_controller_but_the_loop() -> None:
+    """Trainer ranks run train/: only the loop (train/rl.py) builds the controller, on rank 0."""
+    edges = crossing(GRAPH, "megatron_rl.train", "megatron_rl.controller")
+    assert edges and all(e.startswith("megatron_rl.train.rl ->") for e in edges), edges
 
 
 def test_the_checks_see_a_lazy_circle_and_a_wrong_way_edge(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def build_batches(
 
     Advantages are computed once over all kept groups, from the rewards minus ``reward_penalty``
     [len(kept), n] if given (the KL penalty of :func:`kl_reward_penalties`); the groups are then
-    split over ``dp`` ranks balanced by tokens (``dist_batches.pack_shares``: a group stays
+    split over ``dp`` ranks balanced by tokens (``controller/shares.pack_shares``: a group stays
     whole; ranks short of micro-batches get zero-weight ones), each group's prompt packed once
     with ``shared_prefix`` (see :func:`shared_prefix_enabled`). Every token carries its
     sample's sampling temperature (``extras["temp"]``), so the trainer's log-probs, entropy and

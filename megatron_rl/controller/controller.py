@@ -4,8 +4,8 @@ One process, global rank 0, owns everything that talks to the outside or decides
 on: the rollout engine (or the SGLang router client), the domain scheduler and task cursors, the
 verifier pool, the reward-hacking monitor, the evals, the tracker and the samples log. Per step
 it plans, generates, scores, selects and computes advantages once, splits the kept groups over
-the DP ranks by tokens (``rl_step.build_batches``) and hands the shares to
-``dist_batches.ship``. Trainer ranks (every rank, rank 0 included) then train on their share;
+the DP ranks by tokens (``controller/batches.build_batches``) and hands the shares to
+``train/data_plane.ship``. Trainer ranks (every rank, rank 0 included) then train on their share;
 rank 0 receives the streamed HF weights and pushes them to the engine.
 
 No other rank builds an engine, opens a server connection, runs the scheduler or writes a shared

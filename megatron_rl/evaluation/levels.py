@@ -4,7 +4,7 @@ For long-context domains a level is a context length, so this is accuracy agains
 start of a run and after its last step the controller scores ``rl.eval_samples_per_level``
 distinct held-out prompts per domain at each level of ``rl.eval_levels`` (greedy, each prompt
 scored once, the same prompts both times: the harness's prompt set of a fixed level is a pure
-function of domains, count, level and seed; ``train/prompt_sets.py``). Per level it
+function of domains, count, level and seed; ``evaluation/prompt_sets.py``). Per level it
 reports the accuracy pooled over the domains, its standard error over prompts, the number of
 distinct prompts scored, the paired after - before difference with its standard error (same
 prompts, so prompt difficulty cancels) and, per domain, the accuracy. The curriculum's promotions

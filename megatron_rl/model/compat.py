@@ -44,7 +44,7 @@ Some functions are replaced outright because the problem is not a device argumen
 Not covered (GPU-only features): sequence parallelism (needs Apex/TE), CUDA graphs, fp16/bf16
 mixed-precision optimizers (their ``'torch.cuda.HalfTensor'`` type checks), communication
 overlap streams, tied embeddings with PP > 1 (``weight.data.cuda()``). Context parallelism runs
-on CPU without a patch: its attention is ``long_context/cp_attention.py`` (TE's on GPU).
+on CPU without a patch: its attention is ``megatron_rl/model/cp/attention.py`` (TE's on GPU).
 
 Versions: checked on CPU with megatron-core 0.16.1 (Python 3.11, the normal install) and 0.19.2
 (installed with ``--ignore-requires-python``): the compat, policy and TP/PP equivalence tests pass

@@ -135,7 +135,7 @@ class ParallelConfig:
     ep: int = 1  # expert-parallel degree (MoE models): experts split over ep ranks
     etp: int = 0  # tensor-parallel degree inside one expert: 1 or tp (0: tp, Megatron's default)
     # with cp > 1: micro-batches whose sequences are all shorter than this many tokens run whole,
-    # one per CP rank (below it the CP group works as data parallelism; long_context/cp_switch.py);
+    # one per CP rank (below it the CP group works as data parallelism; model/cp/switch.py);
     # 0: every micro-batch is split over the CP group
     cp_min_tokens: int = 0
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo

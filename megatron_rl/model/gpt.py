@@ -92,7 +92,7 @@ def layer_spec(cfg: ModelConfig, cp: int = 1) -> Any:
 
     The architecture's options (its family's ``spec_options``: QK layernorm, ...) go to both.
     The local spec's core attention takes TE's THD ``PackedSeqParams`` interface: with ``cp > 1``
-    the CPU context-parallel one (``long_context/cp_attention.py``), else
+    the CPU context-parallel one (``megatron_rl/model/cp/attention.py``), else
     :class:`~megatron_rl.model.attention.VarlenDotProductAttention` (per-sequence causal SDPA for
     packed rows; the dense masked path for unpacked ``[B, S]`` batches).
     """
@@ -234,7 +234,7 @@ def prediction_temperatures(batch: PackedBatch, default: float) -> float | Tenso
     """Temperature of each prediction row ``logits[:-1]`` (row t-1 predicts token t): [T-1].
 
     ``batch.extras["temp"][t]`` is the temperature token t was sampled at (the RL loop sets it
-    per sample, see ``rl_step.build_batches``); without it every row uses ``default``.
+    per sample, see ``controller/batches.build_batches``); without it every row uses ``default``.
     """
     temps = batch.extras.get(TEMPERATURE_KEY)
     return default if temps is None else temps[1:]

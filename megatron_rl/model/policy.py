@@ -13,9 +13,9 @@ segments attending to it) carry ``attention.PrefixSeqParams``: the varlen attent
 segment's prefix, RoPE rotates every token by its position in its sample; local spec only.
 
 Context parallelism (``parallel.cp > 1``): each micro-batch is split per CP rank in Megatron/TE's
-load-balanced THD layout (``long_context/cp_te.py``: every sequence padded to a multiple of
+load-balanced THD layout (``megatron_rl/model/cp/te.py``: every sequence padded to a multiple of
 ``2 * cp``, rank r holding chunks r and 2cp-1-r); the attention is TE's on GPU and
-``long_context/cp_attention.py`` elsewhere, fed the same ``PackedSeqParams``. RoPE rotates each
+``megatron_rl/model/cp/attention.py`` elsewhere, fed the same ``PackedSeqParams``. RoPE rotates each
 token by its global position inside its sequence. Each rank scores its own next-token labels and
 the log-probs / entropies are all-gathered over the CP group (with gradient), so ``loss_fn`` sees
 whole rows and computes the same loss, with the same normaliser, on every CP rank. The schedule
@@ -96,7 +96,7 @@ class Policy(PolicyState):
         # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
         self.cp_layout = dist_info.cp > 1
         # micro-batches of sequences all shorter than this run whole, one per CP rank
-        # (parallel.cp_min_tokens; long_context/cp_switch.py); 0: every micro-batch is split
+        # (parallel.cp_min_tokens; megatron_rl/model/cp/switch.py); 0: every micro-batch is split
         self.cp_min_tokens = cp_min_tokens if self.cp_layout else 0
         self._solo = cp_switch.SoloGroups() if self.cp_min_tokens > 0 else None
         self.spec: convert.Spec = "te" if use_te_spec() else "local"
@@ -141,7 +141,7 @@ class Policy(PolicyState):
         if batch.shared_prefix and self.spec == "te":
             raise ValueError(
                 "shared-prefix rows need the local layer spec; under TE pack one sequence per "
-                "sample (rl_step.shared_prefix_enabled does)"
+                "sample (controller/batches.shared_prefix_enabled does)"
             )
         return batch.tokens[None], None, row_params(batch)
 
@@ -187,7 +187,7 @@ class Policy(PolicyState):
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Tensor, Any]:
             batch = next(data_iterator)
-            if id(batch) in whole:  # this rank runs it alone (long_context/cp_switch.py)
+            if id(batch) in whole:  # this rank runs it alone (megatron_rl/model/cp/switch.py)
                 assert self._solo is not None
                 tokens, mask, packed = self._packed_inputs(batch)
                 with cp_switch.unsplit(model, self._solo):

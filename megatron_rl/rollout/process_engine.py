@@ -6,7 +6,7 @@ thread is three busy threads on two cores) and its interpreter lock (a small mod
 is Python-bound, so the two threads mostly take turns). A child process has its own interpreter
 and ``rollout.threads`` torch threads; with ``train.threads + rollout.threads`` at most the core
 count nothing is oversubscribed, and under ``rl.off_policy`` step t+1 is generated there while
-the trainer trains step t (``train/rollout_phase.RolloutProducer``).
+the trainer trains step t (``controller/generate.RolloutProducer``).
 
 Why not the embedded SGLang-API server (``megatron-rl serve``), which is also a process: the
 SGLang client sends one HTTP request per sample (SGLang's own granularity, for retries and

@@ -4,7 +4,7 @@ Each eval sweep gives, per domain, one score per eval prompt of a *fixed* eval s
 sampled pass@1 of k completions of that prompt). Per domain and sweep the guard:
 
 1. **Counts distinct prompts once.** The RL loop's eval never repeats a prompt
-   (``megatron_rl/train/prompt_sets.py``); for callers whose sets may, ``ids`` (one prompt id
+   (``megatron_rl/evaluation/prompt_sets.py``); for callers whose sets may, ``ids`` (one prompt id
    per score) averages the scores of a prompt first, so the bootstrap resamples distinct prompts
    (copies of one prompt would make the interval too narrow).
 2. **Compares with a robust best**, not the best single sweep (the maximum of noisy sweeps is

@@ -72,7 +72,7 @@ class RLConfig:
     eval_greedy_also: bool = False  # sampled eval: also score the prompts greedily (eval_greedy/*)
     eval_train_prompts: int = -1  # distinct training prompts per domain scored at the start and
     # end (eval_train/*, the memorisation gap); -1: as many as eval_samples_per_domain, 0: none
-    # levels of a before/after held-out sweep per level (train/level_eval.py; for long-context
+    # levels of a before/after held-out sweep per level (evaluation/levels.py; for long-context
     # domains: accuracy against context length); empty: none
     eval_levels: list[int] = field(default_factory=list)
     eval_samples_per_level: int = 128  # distinct held-out prompts per domain per level of it

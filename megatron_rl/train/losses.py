@@ -33,7 +33,7 @@ So k2 is the loss that follows the reverse KL the value names; k3 (the GRPO pape
 pulls towards the reference through the forward KL: it has the same minimum and the same
 first-order behaviour near pi = pi_ref, but it is a different gradient. As a reward penalty
 (``kl_in_reward``, the RL loop calls :func:`kl_reward_penalty` through
-``rl_step.kl_reward_penalties``) the estimator is evaluated on the sampling policy's log-probs
+``batches.kl_reward_penalties``) the estimator is evaluated on the sampling policy's log-probs
 and summed over each sequence; there k1 gives an unbiased estimate of the KL-regularised return
 (RLHF/PPO style), and the gradient flows through the policy-gradient term. Entropy bonus:
 -entropy_coef * H.
@@ -45,7 +45,7 @@ their losses gives the same loss and gradient as one big batch:
 / sequences in the step; ``seq_mean_token_mean`` each sequence's token mean, summed / sequences in
 the step; ``seq_mean_token_sum_norm`` (Dr.GRPO as Liu et al. 2025 define it) sum of token terms /
 a constant, ``max_response_tokens * sequences per step`` as configured, the same every step
-whatever the responses' lengths or the filter kept (see ``rl_step.drgrpo_constant``).
+whatever the responses' lengths or the filter kept (see ``losses.drgrpo_constant``).
 
 Every metric is aggregated the same way, so metrics also sum over micro-batches to the step's
 value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_frac``,
@@ -124,7 +124,7 @@ def kl_reward_penalty(
 
     Use the rollout-time log-probs (no grad). k1 makes the penalised return an unbiased
     estimate of the KL-regularised objective; k2 and k3 are lower-variance but biased as a
-    reward. The RL loop calls this (via ``rl_step.kl_reward_penalties``) when
+    reward. The RL loop calls this (via ``controller/batches.kl_reward_penalties``) when
     ``rl.kl_in_reward`` is set.
     """
     kl = kl_estimate(logp.detach(), ref_logp.detach(), estimator)

@@ -1,9 +1,9 @@
 """The RL loop: sample tasks -> generate -> score -> advantages -> train -> sync -> eval -> save.
 
 This file reads like the algorithm; every stage lives in its own module: the controller
-(``controller``: scheduler, generation and scoring via ``rollout_phase``, advantages, evals,
-logging), the data plane between it and the trainer ranks (``dist_batches``), the loss and the
-optimizer step (``rl_step``), the weight export (``megatron_rl/model/export``) and checkpoints
+(``megatron_rl/controller/``: scheduler, generation and scoring, advantages, batches, evals,
+logging), the data plane between it and the trainer ranks (``data_plane``), the loss and the
+optimizer step (``step``), the weight export (``megatron_rl/model/export``) and checkpoints
 (``runtime``). Under torchrun, global rank 0 is the one controller and every rank (rank 0 too)
 trains on its data-parallel share; docs/distributed.md has the table of who does what.
 Re-running the same command resumes from the newest checkpoint, the W&B run included.

@@ -2,12 +2,12 @@
 
 Plugs into megatron-core's local layer spec as the ``core_attention`` submodule of self-attention
 when ``parallel.cp > 1`` (see ``megatron_rl/model/gpt.py``). It consumes exactly the batch layout
-of Transformer Engine's THD context parallelism (``long_context/cp_te.py``), so the policy feeds
+of Transformer Engine's THD context parallelism (``cp/te.py``), so the policy feeds
 both paths the same inputs:
 
 - every packed sequence is padded to a multiple of ``2 * cp`` and cut into ``2 * cp`` chunks;
   CP rank ``r`` holds chunks ``r`` and ``2cp - 1 - r`` of every sequence, sequence after sequence
-  (TE's ``thd_get_partitioned_indices``; ``long_context/cp.py``);
+  (TE's ``thd_get_partitioned_indices``; ``megatron_rl/model/cp/shard.py``);
 - ``PackedSeqParams(qkv_format="thd")`` carries the *global* ``cu_seqlens_q_padded``, from which
   every rank derives where each rank's chunks sit. Megatron applies RoPE per sequence from the
   same boundaries (``rope_utils._apply_rotary_pos_emb_thd``), so the query and key rotations are
@@ -207,7 +207,7 @@ class CPDotProductAttention(MegatronModule):  # type: ignore[misc]
         cu = packed_seq_params.cu_seqlens_q_padded
         prefix_of = getattr(packed_seq_params, "prefix_of", ())
         if cu is None and dist.get_world_size(self.cp_group) == 1:
-            # a row this rank runs alone (long_context/cp_switch.py): the whole-row kernel
+            # a row this rank runs alone (megatron_rl/model/cp/switch.py): the whole-row kernel
             return self._whole(query, key, value, packed_seq_params.cu_seqlens_q, prefix_of)
         if cu is None:
             cu = packed_seq_params.cu_seqlens_q

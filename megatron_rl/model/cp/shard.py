@@ -11,7 +11,7 @@ multiple of ``2 * cp`` (TE's THD CP kernels require it) and then split as above;
 is, for each sequence in order, its first chunk then its second chunk. This reproduces TE's
 ``thd_get_partitioned_indices`` (checked against it in the GPU test).
 
-Labels are shifted before splitting. The project convention (``long_context/packing.py``) aligns
+Labels are shifted before splitting. The project convention (``packing/batch.py``) aligns
 per-token values with the token they score: ``logprobs[t]`` needs the logits at ``t - 1``, which
 may sit on another CP rank. So :func:`shard` gives each rank ``labels[t] = tokens[t + 1]`` (the next
 token in the same sequence) and every per-token input (loss mask, advantages, old log-probs)
@@ -40,7 +40,7 @@ from megatron_rl.packing.batch import PackedBatch
 def check_cp_supported(cp: int) -> None:
     """Raise ``ValueError`` when ``cp > 1`` cannot run here.
 
-    On CPU, CP runs with ``long_context/cp_attention.py``. On GPU the CP path is Transformer
+    On CPU, CP runs with ``megatron_rl/model/cp/attention.py``. On GPU the CP path is Transformer
     Engine's attention, so there (and only there) CP needs Transformer Engine.
     """
     if cp < 1:

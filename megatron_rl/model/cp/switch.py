@@ -1,7 +1,7 @@
 """Length-switched context parallelism: split only the micro-batches long enough to need it.
 
 With ``parallel.cp > 1`` every rank of a CP group holds the same micro-batches. By default each
-one is split over the group (``long_context/cp.py``). With ``parallel.cp_min_tokens = N > 0`` a
+one is split over the group (``cp/shard.py``). With ``parallel.cp_min_tokens = N > 0`` a
 micro-batch whose sequences are all shorter than ``N`` tokens is instead run *whole* by one rank
 of the group, and the group's ranks share those micro-batches out between them: below the switch
 point the CP group works as data parallelism, above it as context parallelism, in the same step
@@ -114,7 +114,7 @@ def unsplit(model: Any, solo: SoloGroups) -> Iterator[None]:
                 fields = ("cp_group", "cp_global_ranks", "cp_stream", "cp_comm_type")
                 te_saved.append((core, tuple(getattr(core, f, None) for f in fields)))
                 core.set_context_parallel_group(None, None, None, "p2p")
-            elif hasattr(core, "cp_group"):  # long_context/cp_attention.py (CPU)
+            elif hasattr(core, "cp_group"):  # megatron_rl/model/cp/attention.py (CPU)
                 saved.append((core, "cp_group", core.cp_group))
                 core.cp_group = solo.group
         yield

@@ -1,6 +1,6 @@
 """The GPU context-parallel path: a packed batch -> this rank's THD inputs for Transformer Engine.
 
-``long_context/cp.py`` decides which tokens a CP rank holds (pure, CPU-tested). This module turns
+``cp/shard.py`` decides which tokens a CP rank holds (pure, CPU-tested). This module turns
 that into what a megatron-core ``GPTModel`` with the TE layer spec consumes under CP:
 
 - ``tokens`` / ``position_ids`` ``[1, L]`` (this rank's share, ``L = T_pad / cp``);

@@ -24,7 +24,7 @@ unit:
 test: setup lint typecheck unit
 
 bench: setup
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python -m benchmarks.run_all
 
 # The domain scheduler in real training (not part of `make bench`), pre-registered in
 # docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair's
@@ -42,7 +42,7 @@ bench-scheduler: setup
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
 # benchmarks/results.json as long_context.cp2_vs_cp1.
 bench-long-context: setup
-	$(BIN)/python benchmarks/run_all.py --only long_context
+	$(BIN)/python -m benchmarks.run_all --only long_context
 
 # Long-context RL that learns (issue 27): GRPO on the retrieval family from models/tiny-long-sft,
 # length curriculum from 512 tokens, two CPU processes under torchrun (CP=2 from 4096 tokens, the

@@ -64,13 +64,13 @@ long-context-base: setup
 	mkdir -p models/tiny-long-sft
 	cp runs/long_sft/hf/* models/tiny-long-sft/
 
-# The GPU paths one GPU can check, in <= 5 min, with no set-up step (benchmarks/gpu_check.py):
+# The GPU paths one GPU can check, in <= 5 min, with no set-up step (tests/gpu/gpu_check.py):
 # runs from the machine's own python (torch + transformers) plus the wheels `make gpu-wheels`
 # put in gpu_wheels/ (carry that folder along); checks it cannot run are listed as unrun.
 GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 gpu-check:
 	mkdir -p benchmarks/out
-	timeout 300 $(GPU_PY) benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
+	timeout 300 $(GPU_PY) tests/gpu/gpu_check.py --json benchmarks/out/gpu_check.json
 
 # Wheels for a GPU machine without network (Python $(GPU_PYVER), x86_64 and aarch64; ~12 MiB):
 # megatron-core and the pure-Python/abi3 packages the checks need beside torch + transformers.

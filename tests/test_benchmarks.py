@@ -411,3 +411,36 @@ def test_every_benchmark_is_a_module_of_the_package() -> None:
     for name, bench in ra.BENCHES.items():
         assert bench.module.startswith("benchmarks."), name
         assert importlib.util.find_spec(bench.module) is not None, (name, bench.module)
+
+
+def test_benchmarks_edit_no_import_path_and_the_library_imports_none() -> None:
+    """Benchmarks and studies import as a package (no ``sys.path`` edits); the library
+    (megatron_rl, long_context, domains, launch) never imports benchmarks or a study."""
+    root = Path(__file__).resolve().parents[1]
+    edits = [p for p in (root / "benchmarks").rglob("*.py") if "sys.path" in p.read_text()]
+    assert edits == []
+    library = [p for d in ("megatron_rl", "long_context", "domains", "launch")
+               for p in (root / d).rglob("*.py")]  # fmt: skip
+    importers = [
+        p
+        for p in library
+        if any(
+            line.lstrip().startswith(("import benchmarks", "from benchmarks"))
+            for line in p.read_text().splitlines()
+        )
+    ]
+    assert library and importers == []
+
+
+def test_stored_results_may_be_gzip_and_rewrite_to_the_same_bytes(tmp_path: Path) -> None:
+    """harness: a ``.gz`` result is stored gzip with time 0 (the same text, the same bytes) and
+    read back as text; other names stay plain text. Stems drop ``.json`` and ``.json.gz``."""
+    h = mod("harness")
+    text = json.dumps({"a": [1, 2.5]}, indent=1) + "\n"
+    gz, plain = tmp_path / "r.json.gz", tmp_path / "r.json"
+    h.write_text(gz, text)
+    h.write_text(plain, text)
+    assert h.read_text(gz) == text and plain.read_text() == text
+    assert gz.read_bytes()[:2] == b"\x1f\x8b" and gz.read_bytes()[4:8] == b"\0\0\0\0"
+    assert h.to_bytes(gz, text) == gz.read_bytes()
+    assert h.stem(gz) == h.stem(plain) == "r"

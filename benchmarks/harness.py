@@ -2,8 +2,10 @@
 run and the metrics it writes (``metrics.jsonl``, ``summary.json``), the phases a step is timed
 in, the machine a number was measured on, and stored results that may be gzip-compressed.
 
-Standard library only at import (the GPU checks and the TRL side import it on bare machines).
-The library (``megatron_rl``, ``long_context``, ``domains``) never imports benchmarks.
+Used by run_all, rl_vs_trl (and its report), time_split, weight_sync, demo_ab, demo_profile,
+memory, long_context_cp, sandbox_ab and every study. Standard library only at import, so any
+script can import it cheaply. The library (``megatron_rl``, ``long_context``, ``domains``)
+never imports benchmarks.
 """
 
 from __future__ import annotations

@@ -24,35 +24,36 @@ unit:
 test: setup lint typecheck unit
 
 bench: setup
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python -m benchmarks.run_all
 
 # The domain scheduler in real training (not part of `make bench`), pre-registered in
 # docs/scheduler.md: the core arms on 6 report seeds, the ablations and the seesaw pair's
 # arms on 3, on the tinysched/* domains, then the second domain set's headroom study
-# (D1 showed no headroom); writes benchmarks/scheduler_real.json (per-run extract + statistics)
-# and its PNGs, then recomputes the statistics from the extract. ~4 h on 2 shared cores.
+# (D1 showed no headroom); writes benchmarks/studies/scheduler_real.json.gz (per-run extract +
+# statistics, gzip) and its PNGs, then recomputes the statistics from the extract. ~4 h on 2
+# shared cores.
 bench-scheduler: setup
-	$(BIN)/python benchmarks/scheduler_real.py --part core
-	$(BIN)/python benchmarks/scheduler_real.py --part ablations
-	$(BIN)/python benchmarks/scheduler_real.py --part core --set D2
+	$(BIN)/python -m benchmarks.studies.scheduler_real --part core
+	$(BIN)/python -m benchmarks.studies.scheduler_real --part ablations
+	$(BIN)/python -m benchmarks.studies.scheduler_real --part core --set D2
 	$(MAKE) seesaw-base
-	$(BIN)/python benchmarks/scheduler_real.py --part seesaw
-	$(BIN)/python benchmarks/scheduler_stats.py
+	$(BIN)/python -m benchmarks.studies.scheduler_real --part seesaw
+	$(BIN)/python -m benchmarks.studies.scheduler_stats
 
 # Long-context RL steps at CP=2 vs CP=1 on CPU (memory per rank, step time), merged into
 # benchmarks/results.json as long_context.cp2_vs_cp1.
 bench-long-context: setup
-	$(BIN)/python benchmarks/run_all.py --only long_context
+	$(BIN)/python -m benchmarks.run_all --only long_context
 
 # Long-context RL that learns (issue 27): GRPO on the retrieval family from models/tiny-long-sft,
 # length curriculum from 512 tokens, two CPU processes under torchrun (CP=2 from 4096 tokens, the
 # two ranks as data parallelism below); held-out accuracy per length level before/after in
-# runs/long_context_cpu/summary.json, recorded in benchmarks/long_context_learning.json and
-# docs/long_context_learning.png.
+# runs/long_context_cpu/summary.json, recorded in benchmarks/studies/long_context_learning.json
+# and docs/long_context_learning.png.
 long-context: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 \
 		-m launch.cli train configs/long_context_cpu.yaml
-	$(BIN)/python benchmarks/long_context_learning.py runs/long_context_cpu
+	$(BIN)/python -m benchmarks.studies.long_context_learning runs/long_context_cpu
 
 # Reproduce the long-context warm start models/tiny-long-sft: SFT of models/tiny-base-long on
 # short digit_needle documents (training split only; 300 steps read the first 4,800 of the file's
@@ -64,13 +65,13 @@ long-context-base: setup
 	mkdir -p models/tiny-long-sft
 	cp runs/long_sft/hf/* models/tiny-long-sft/
 
-# The GPU paths one GPU can check, in <= 5 min, with no set-up step (benchmarks/gpu_check.py):
+# The GPU paths one GPU can check, in <= 5 min, with no set-up step (tests/gpu/gpu_check.py):
 # runs from the machine's own python (torch + transformers) plus the wheels `make gpu-wheels`
 # put in gpu_wheels/ (carry that folder along); checks it cannot run are listed as unrun.
 GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 gpu-check:
 	mkdir -p benchmarks/out
-	timeout 300 $(GPU_PY) benchmarks/gpu_check.py --json benchmarks/out/gpu_check.json
+	timeout 300 $(GPU_PY) tests/gpu/gpu_check.py --json benchmarks/out/gpu_check.json
 
 # Wheels for a GPU machine without network (Python $(GPU_PYVER), x86_64 and aarch64; ~12 MiB):
 # megatron-core and the pure-Python/abi3 packages the checks need beside torch + transformers.
@@ -87,9 +88,9 @@ gpu-wheels:
 	done
 	du -sh gpu_wheels
 
-# The seesaw pair's base models/tiny-seesaw-base (benchmarks/scheduler_pair.py): a continued SFT
-# of models/tiny-base on a 50/50 mix of the GCD and the GCD plus 100 (configs/seesaw_base_sft.yaml,
-# 200 steps on one thread, ~75 s).
+# The seesaw pair's base models/tiny-seesaw-base (benchmarks/studies/scheduler_pair.py): a
+# continued SFT of models/tiny-base on a 50/50 mix of the GCD and the GCD plus 100
+# (configs/seesaw_base_sft.yaml, 200 steps on one thread, ~75 s).
 seesaw-base: setup
 	$(BIN)/megatron-rl sft configs/seesaw_base_sft.yaml
 	rm -rf models/tiny-seesaw-base && cp -r runs/seesaw_base_sft/hf models/tiny-seesaw-base

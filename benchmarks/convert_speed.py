@@ -1,6 +1,6 @@
 """How fast the HF <-> Megatron converter is on a ~100M-parameter random Qwen2.
 
-    .venv/bin/python benchmarks/convert_speed.py [--layers 12 --hidden 768 --vocab 16384]
+    .venv/bin/python -m benchmarks.convert_speed [--layers 12 --hidden 768 --vocab 16384]
 
 Times (median of --repeats runs, one thread, fp32):
 

@@ -11,7 +11,7 @@ phase, of the whole step and per CPU-second of this process. Packed tokens are n
 shared-prefix packing holds each prompt once, so it packs fewer tokens for the same work. Ratios
 against the first arm are per round, then the median over rounds.
 
-    .venv/bin/python benchmarks/demo_ab.py [--arms main=main this=.] [--rounds 3] [--steps 12]
+    .venv/bin/python -m benchmarks.demo_ab [--arms main=main this=.] [--rounds 3] [--steps 12]
         [--override k=v ...] [--json OUT]
 """
 
@@ -26,8 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PINNED = ROOT / "benchmarks" / "configs" / "demo_cpu_2026-12-01.yaml"
+from benchmarks.harness import PINNED_DEMO as PINNED
+from benchmarks.harness import ROOT, read_jsonl, step_rows
+
 MEASURES = ("train", "step", "step_cpu")  # response tokens per second of each
 
 
@@ -50,8 +51,7 @@ def run(tree: Path, out: Path, name: str, a: argparse.Namespace, extra: list[str
            *a.override, *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
-    lines = (out / name / "metrics.jsonl").read_text().splitlines()
-    rows = [r for r in map(json.loads, lines) if "time/step_s" in r][a.skip :]
+    rows = step_rows(read_jsonl(out / name / "metrics.jsonl"))[a.skip :]
     tokens = sum(r["train/response_tokens"] for r in rows)
     secs = {m: sum(r[f"time/{m}_s"] for r in rows) for m in MEASURES}
     return {"response_tokens": tokens, **{m: tokens / secs[m] for m in MEASURES},

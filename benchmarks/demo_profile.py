@@ -13,11 +13,12 @@ train, sync, log, other) and the packing time inside it (``build_batches``, time
 advantages, packing and the DP split, counted in ``other``). With ``rl.kl_coef`` 0 (the demo)
 there is no reference model, so no reference forward.
 
-Model FLOPs (as ``train_step.py``): ``6 * N * packed_tokens + 12 * layers * hidden * S2``, where
-``S2`` is the sum over attention rows of the keys each row sees (``sum s_i^2`` for plain packed
-sequences, ``sum (p + r) * r`` for a response of ``r`` tokens under a shared prefix of ``p``).
+Model FLOPs (as ``train_step.py``, whose ``matmul_params`` counts ``N``):
+``6 * N * packed_tokens + 12 * layers * hidden * S2``, where ``S2`` is the sum over attention rows
+of the keys each row sees (``sum s_i^2`` for plain packed sequences, ``sum (p + r) * r`` for a
+response of ``r`` tokens under a shared prefix of ``p``).
 
-    .venv/bin/python benchmarks/demo_profile.py [--steps 10] [--skip 2] [--override k=v ...]
+    .venv/bin/python -m benchmarks.demo_profile [--steps 10] [--skip 2] [--override k=v ...]
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-PINNED = ROOT / "benchmarks" / "configs" / "demo_cpu_2026-12-01.yaml"
+from benchmarks.harness import PHASES as STEP_PHASES
+from benchmarks.harness import PINNED_DEMO as PINNED
+from benchmarks.harness import read_jsonl, step_rows
+from benchmarks.train_step import matmul_params
+
 CATEGORIES = {  # operator name substrings -> category (first match wins)
     "attention": ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax"),
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul"),
@@ -50,9 +54,8 @@ def attention_rows(batch: Any) -> int:
 
 def step_flops(cfg: Any, batches: list[Any]) -> tuple[float, int]:
     """Model FLOPs (forward + backward) of one training step and its packed token count."""
-    h, f, hd = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim
-    attn = h * hd * (cfg.num_attention_heads * 2 + cfg.num_query_groups * 2)
-    n_matmul = cfg.num_layers * (attn + 3 * h * f) + h * cfg.vocab_size
+    h = cfg.hidden_size
+    n_matmul = matmul_params(cfg)
     tokens = sum(b.num_tokens for b in batches if b.seq_ids)
     rows = sum(attention_rows(b) for b in batches if b.seq_ids)
     return 6.0 * n_matmul * tokens + 12.0 * cfg.num_layers * h * rows, tokens
@@ -127,15 +130,14 @@ class Clock:
         return out
 
 
-PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other", "step")
+PHASES = (*STEP_PHASES, "step")
 
 
 def step_split(run: Path, rec: Recorder, pack: Clock) -> tuple[dict[str, float], dict[str, float]]:
     """Mean seconds per phase of the unprofiled steps after the warm-up (wall, with packing
     beside them), and this process's CPU seconds of the same steps: the whole step, the train
     phase, packing, and the rest (generation in this process, scoring, sync, logging)."""
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/step_s" in r]
+    rows = step_rows(read_jsonl(run / "metrics.jsonl"))
     keep = [i for i in range(len(rows)) if i >= rec.skip and not rec.profiled(i + 1)]
     mean = lambda xs: sum(xs[i] for i in keep if i < len(xs)) / len(keep)  # noqa: E731
     wall = {p: mean([r.get(f"time/{p}_s", 0.0) for r in rows]) for p in PHASES}

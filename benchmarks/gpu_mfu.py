@@ -10,22 +10,20 @@ on packed RL-shaped batches, PaLM-convention model FLOPs), on CUDA in bf16, for 
 
 Not run in the session that wrote it (no GPU was lent): see ``gpu_mfu.sh`` and the README.
 
-    python benchmarks/gpu_mfu.py [--steps 5] [--json OUT]
+    python -m benchmarks.gpu_mfu [--steps 5] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import time_training  # noqa: E402
+from benchmarks.train_step import time_training
 
 MODEL = dict(
     num_layers=24,
@@ -71,7 +69,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_mfu.py needs a CUDA GPU; on CPU use benchmarks/train_step.py")
+        raise SystemExit("gpu_mfu.py needs a CUDA GPU; on CPU use python -m benchmarks.train_step")
     peak = measured_peak(a.peak_n)
     r = train_mfu(a)
     r.update(

@@ -20,7 +20,7 @@ fi
 DEST=${OUT:-benchmarks/out}
 mkdir -p "$DEST"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 300 "$PYTHON" benchmarks/gpu_mfu.py --json "$DEST/gpu_mfu.json"
-timeout 300 "$PYTHON" benchmarks/time_split.py --steps 4 --size 100m --threads 8 \
+timeout 300 "$PYTHON" -m benchmarks.gpu_mfu --json "$DEST/gpu_mfu.json"
+timeout 300 "$PYTHON" -m benchmarks.time_split --steps 4 --size 100m --threads 8 \
   --out "$DEST" --json "$DEST/gpu_time_split.json" \
   --override rollout.engine=vllm model.dtype=bfloat16 rollout.dtype=bfloat16

@@ -14,7 +14,7 @@ positions; at CP=1 it is swapped into the policy in place of the local spec's de
 attention, which at 16k tokens would need tens of GiB for its [heads, T, T] scores), so the
 ratios measure the context split, not a kernel change.
 
-    .venv/bin/python benchmarks/long_context_cp.py [--lengths 8192 16384] [--steps 2] --json OUT
+    .venv/bin/python -m benchmarks.long_context_cp [--lengths 8192 16384] [--steps 2] --json OUT
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT
+
 CONFIG = ROOT / "configs" / "long_context_cpu.yaml"
 MODEL = "models/tiny-base-long"  # the long-position tiny model (the run's warm start's shape)
 RESPONSE = 32  # response tokens of the sample (the trained part)
@@ -71,7 +72,6 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT))
     from megatron_rl.config import load_config
     from megatron_rl.model import hf_io
     from megatron_rl.model.parallel import init_distributed
@@ -124,8 +124,8 @@ def launch(cp: int, length: int, steps: int, tmp: Path, kernel: str = "cp") -> d
     """One torchrun launch of ``cp`` processes; returns rank 0's JSON with every rank's numbers."""
     out = tmp / f"cp{cp}_{kernel}_{length}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(cp), __file__, "--worker", "--cp", str(cp),
-           "--length", str(length), "--steps", str(steps), "--out", str(out),
+           "--nproc-per-node", str(cp), "-m", "benchmarks.long_context_cp", "--worker",
+           "--cp", str(cp), "--length", str(length), "--steps", str(steps), "--out", str(out),
            "--kernel", kernel]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)

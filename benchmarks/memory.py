@@ -15,7 +15,7 @@ layer recomputed in backward).
 On CPU the local attention is dense under a mask, so the attention scores ([heads, L, L] per
 layer) dominate at long lengths; with TE's fused attention on a GPU they would not be stored.
 
-    .venv/bin/python benchmarks/memory.py [--lengths 1024 2048 4096] [--out benchmarks/out]
+    .venv/bin/python -m benchmarks.memory [--lengths 1024 2048 4096] [--out benchmarks/out]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import OUT, ROOT
+
 MODES = ("none", "selective", "full")
 
 
@@ -38,7 +39,6 @@ def one_point(length: int, recompute: str, threads: int) -> dict[str, float]:
     import psutil
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from megatron_rl.model.config import ModelConfig, ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
@@ -70,7 +70,8 @@ def run_point(length: int, recompute: str, threads: int, timeout: float) -> dict
         sys.executable,
         "-W",
         "ignore",
-        __file__,
+        "-m",
+        "benchmarks.memory",
         "--child",
         str(length),
         recompute,
@@ -114,7 +115,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per point")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
+    ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--child", nargs=2, metavar=("LENGTH", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

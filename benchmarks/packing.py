@@ -18,7 +18,7 @@ On CPU attention is computed densely under the mask, so a packed row pays attent
 budget (T^2) while real THD kernels (TE on GPU) pay only per sequence; the measured gain here is
 therefore a lower bound of the GPU one.
 
-    .venv/bin/python benchmarks/packing.py [--seqs 96] [--budget 2048] [--batch 8] [--max-len 2048]
+    .venv/bin/python -m benchmarks.packing [--seqs 96] [--budget 2048] [--batch 8] [--max-len 2048]
         [--threads 2]
 """
 
@@ -27,17 +27,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron_rl.model.config import ModelConfig, ParallelConfig  # noqa: E402
-from megatron_rl.packing.balance import padding_fraction, plan_microbatches  # noqa: E402
-from megatron_rl.packing.batch import PackedBatch, pack  # noqa: E402
+from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.packing.balance import padding_fraction, plan_microbatches
+from megatron_rl.packing.batch import PackedBatch, pack
 
 
 def long_tail_lengths(n: int, seed: int, cap: int) -> list[int]:

@@ -37,7 +37,7 @@ take most of an hour here). A tool that does not get there is "not reached in N 
 ratio becomes a bound (its whole training time stands in). Differences that cannot be removed
 are printed under the table.
 
-    .venv/bin/python benchmarks/rl_vs_trl.py [--sizes tiny,m20] [--repeats N] [--gain-steps N]
+    .venv/bin/python -m benchmarks.rl_vs_trl [--sizes tiny,m20] [--repeats N] [--gain-steps N]
         [--gain-cap SECONDS] [--json out.json]
 """
 
@@ -56,12 +56,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_vs_trl_report import print_gain, print_size
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
+from benchmarks.harness import DEMO_CONFIG as CONFIG
+from benchmarks.harness import PHASES, ROOT, read_jsonl, read_summary, step_rows, train
+from benchmarks.rl_vs_trl_report import KEYS, print_gain, print_size
+
 DEMO = yaml.safe_load(CONFIG.read_text())  # the tiny size follows its base model and LR
 DEMO_MODEL = str(DEMO["model"]["hf_path"])
 SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts/step, eval tasks, repeats
@@ -142,16 +141,14 @@ def plan_tasks(spec: dict[str, Any], cfg: Any, domains: dict[str, Any]) -> list[
 
 def run_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     """``megatron-rl train`` as a user runs it; numbers come from metrics.jsonl/summary.json."""
-    cli = [str(Path(sys.executable).parent / "megatron-rl"), "train", str(CONFIG)]
-    subprocess.run([*cli, *overrides(spec)], check=True, cwd=ROOT, timeout=spec["timeout"])
+    train(CONFIG, overrides(spec), timeout=spec["timeout"])
     return read_run(Path(spec["out"]) / "mrl")
 
 
 def read_run(run: Path) -> dict[str, Any]:
     """A megatron-rl run's per-step phases, LRs, tokens, accuracies and periodic sweeps."""
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/step_s" in r]
-    summary = json.loads((run / "summary.json").read_text())
+    rows = step_rows(read_jsonl(run / "metrics.jsonl"))
+    summary = read_summary(run)
     steps = [
         {p: r.get(f"time/{p}_s", 0.0) for p in PHASES}
         | {"step": r["time/step_s"], "step_cpu": r["time/step_cpu_s"]}
@@ -183,7 +180,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     path = Path(spec["out"]).parent / "trl_spec.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec))
-    cmd = [sys.executable, str(HERE / "trl_grpo.py"), str(path)]
+    cmd = [sys.executable, "-m", "benchmarks.trl_grpo", str(path)]
     proc = subprocess.run(
         cmd, cwd=ROOT, timeout=spec["timeout"], stdout=subprocess.PIPE, text=True, check=True
     )
@@ -220,13 +217,11 @@ def compare(mrl: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
         (abs(a - b) / b for a, b in zip(mrl["lrs"], trl["lrs"], strict=False)), default=0.0
     )
     both = lambda key: {"megatron_rl": m[key], "trl": t[key]}  # noqa: E731
-    keys = ("step_s", "step_cpu_s", "trained_tokens_per_s", "response_tokens_per_s",
-            "tokens_per_step_s")  # fmt: skip
     return {
         "step_time_ratio": m["step_s"] / t["step_s"],
         "step_cpu_ratio": m["step_cpu_s"] / t["step_cpu_s"] if t["step_cpu_s"] else float("nan"),
         "speedup": t["step_s"] / m["step_s"],
-        **{k: both(k) for k in keys},
+        **{k: both(k) for k in KEYS},
         "phases": {p: {"megatron_rl": m["phases"][p], "trl": t["phases"][p]} for p in PHASES},
         "padded_token_frac": both("padded_token_frac"),
         "accuracy": both("accuracy"),

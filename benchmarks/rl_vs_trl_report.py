@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-PHASES = ("generate", "score", "train", "sync", "log", "checkpoint", "eval", "other")
+from benchmarks.harness import PHASES
+
 KEYS = ("step_s", "step_cpu_s", "trained_tokens_per_s", "response_tokens_per_s",
         "tokens_per_step_s")  # fmt: skip
 

@@ -6,7 +6,7 @@ prompts x n, sampling at T=1), the ``hf`` engine and the ``vllm`` engine on the 
 (in memory and through a safetensors file). Models are random Qwen2s (tiny_model.SIZES): '3m'
 (hidden 256, 4 layers, 4 heads of 64, vocab 320) and '100m' (hidden 768, 12 layers).
 
-    .venv/bin/python benchmarks/rollout_engines.py --sizes 3m,100m
+    .venv/bin/python -m benchmarks.rollout_engines --sizes 3m,100m
 
 Prints one table per size with tokens/s and the ratio to the baseline, plus the machine's core
 count, torch threads and load average (other processes on a shared machine skew all numbers;

@@ -9,7 +9,7 @@ samples all landed on one server (a group's prompt is then prefilled once, not o
 server: the engine shares a prompt's KV cache within a batch), and the request split between
 the servers. The ratio of step times is what carries over; absolute times do not.
 
-    python benchmarks/router_policy.py [--reps 4] [--prompt-len 512] [--json OUT]
+    python -m benchmarks.router_policy [--reps 4] [--prompt-len 512] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,24 +19,21 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from aiohttp import web
 
-from aiohttp import web  # noqa: E402
-
-from launch.servers import Fleet, Proc, free_port  # noqa: E402
-from megatron_rl.rollout.base import GenRequest, SamplingParams  # noqa: E402
-from megatron_rl.rollout.config import RolloutConfig, SGLangConfig  # noqa: E402
-from megatron_rl.rollout.hf_engine import HFEngine  # noqa: E402
-from megatron_rl.rollout.server import EmbeddedServer  # noqa: E402
-from megatron_rl.rollout.sglang_client import SGLangEngine  # noqa: E402
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2  # noqa: E402
+from launch.servers import Fleet, Proc, free_port
+from megatron_rl.rollout.base import GenRequest, SamplingParams
+from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
+from megatron_rl.rollout.hf_engine import HFEngine
+from megatron_rl.rollout.server import EmbeddedServer
+from megatron_rl.rollout.sglang_client import SGLangEngine
+from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 POLICIES = ("round_robin", "cache_aware")
 

@@ -1,6 +1,6 @@
 """Rollout routing replay on CPU: the train/inference log-prob mismatch with and without replay.
 
-    python benchmarks/routing_replay.py [--model models/tiny-moe] [--prompts 16] [--json OUT]
+    python -m benchmarks.routing_replay [--model models/tiny-moe] [--prompts 16] [--json OUT]
 
 The hf engine samples from the tiny MoE (``n=4`` per prompt, 24 new tokens, T=1) and returns
 the experts it chose; the trainer (the fp32 Megatron policy, local spec) scores the same tokens
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import types
 from dataclasses import replace
 from pathlib import Path
@@ -29,8 +28,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def bf16_router(gate: torch.nn.Module) -> None:

@@ -7,8 +7,8 @@ print are parsed (a JSON line where they print one, else their stdout tail is ke
 - ``benchmarks/results.json``: ``{"meta": {...}, "<bench>": {headline keys..., "raw": ...}}``,
   with at least ``rl_vs_trl.step_time_ratio``, ``rl_vs_trl.accuracy`` (both tools),
   ``rollout.tokens_per_s``, ``train.mfu`` and ``weight_sync.seconds``;
-- ``benchmarks/results.md``: the markdown table generated from that file, also written into
-  ``benchmarks/README.md`` between the ``results`` markers.
+- ``benchmarks/results.md``: the markdown table generated from that file (``tables.py``), also
+  written into ``benchmarks/README.md`` between the ``results`` markers.
 
 ``--only rl_vs_trl,train`` re-runs just those and merges into the existing results.json. Every
 number comes from the run; the table adds the date, core count and load average it ran under.
@@ -16,14 +16,13 @@ The tables are only ever generated from results.json: ``--render`` rewrites them
 running anything, ``--check`` exits 1 if one differs. ``--quick`` (a smoke run) writes only under
 ``benchmarks/out/``, never the tracked results or READMEs; tests point every path at a temp copy.
 
-    .venv/bin/python benchmarks/run_all.py [--only NAME[,NAME]] [--quick] [--threads 1]
+    .venv/bin/python -m benchmarks.run_all [--only NAME[,NAME]] [--quick] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import OUT, ROOT, machine
+from benchmarks.tables import headline, markdown
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-OUT = HERE / "out"
 RESULTS = HERE / "results.json"
 README = HERE / "README.md"
 TOP_README = ROOT / "README.md"  # the project README carries the headline table
@@ -43,9 +43,9 @@ MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
 
 @dataclass
 class Bench:
-    """One benchmark: its script and arguments, a timeout and how to read its numbers."""
+    """One benchmark: its module and arguments, a timeout and how to read its numbers."""
 
-    script: str  # file in benchmarks/
+    module: str  # run as ``python -m MODULE`` from the repository root
     args: list[str]  # command-line arguments (``{out}`` is replaced by the JSON path)
     timeout_s: float  # wall-clock limit of the subprocess
     headline: Callable[[dict[str, Any]], dict[str, Any]] = lambda raw: {}  # key numbers
@@ -122,7 +122,7 @@ def _rollout(r: dict[str, Any]) -> dict[str, Any]:
 
 BENCHES: dict[str, Bench] = {
     "rl_vs_trl": Bench(
-        "rl_vs_trl.py",
+        "benchmarks.rl_vs_trl",
         ["--sizes", "tiny,m20", "--json", "{out}"],
         5400,
         _rl_vs_trl,
@@ -130,28 +130,28 @@ BENCHES: dict[str, Bench] = {
         + ["--repeats", "1", "--gain-steps", "0", "--json", "{out}"],
     ),
     "rollout": Bench(
-        "rollout_engines.py",
+        "benchmarks.rollout_engines",
         ["--sizes", "3m,100m", "--json", "{out}"],
         600,
         _rollout,
         quick_args=["--sizes", "3m", "--engines", "hf", "--prompts", "4", "--json", "{out}"],
     ),
     "train": Bench(
-        "train_step.py",
+        "benchmarks.train_step",
         ["--json", "{out}"],
         600,
         lambda r: {"mfu": r["mfu"], "tokens_per_s": r["tokens_per_s"]},
         quick_args=["--sizes", "tiny", "--steps", "1", "--seqs", "16", "--json", "{out}"],
     ),
     "time_split": Bench(
-        "time_split.py",
+        "benchmarks.time_split",
         ["--steps", "4", "--json", "{out}"],
         600,
         lambda r: {"share": r["share"], "step_s": r["step_s"]},
         quick_args=["--steps", "1", "--json", "{out}"],
     ),
     "weight_sync": Bench(
-        "weight_sync.py",
+        "benchmarks.weight_sync",
         ["--metrics", str(OUT / "time_split" / "metrics.jsonl"), "--json", "{out}"],
         600,
         lambda r: {
@@ -160,12 +160,12 @@ BENCHES: dict[str, Bench] = {
         },
         quick_args=["--sizes", "demo", "--repeats", "1", "--json", "{out}"],
     ),
-    "scoring": Bench("scoring.py", ["--json", "{out}"], 300, takes_threads=False),
-    "sandbox": Bench("sandbox_throughput.py", [], 300, json_out=False, takes_threads=False),
-    "packing": Bench("packing.py", [], 300, json_out=False),
-    "convert": Bench("convert_speed.py", [], 300, json_out=False, takes_threads=False),
+    "scoring": Bench("benchmarks.scoring", ["--json", "{out}"], 300, takes_threads=False),
+    "sandbox": Bench("benchmarks.sandbox_throughput", [], 300, json_out=False, takes_threads=False),
+    "packing": Bench("benchmarks.packing", [], 300, json_out=False),
+    "convert": Bench("benchmarks.convert_speed", [], 300, json_out=False, takes_threads=False),
     "long_context": Bench(
-        "long_context_cp.py",
+        "benchmarks.long_context_cp",
         ["--json", "{out}"],
         1800,
         lambda r: {"cp2_vs_cp1": r["cp2_vs_cp1"]},
@@ -195,7 +195,7 @@ def run_one(name: str, bench: Bench, quick: bool, threads: int = 0) -> dict[str,
     args = bench.quick_args if quick and bench.quick_args else bench.args
     if threads and bench.takes_threads:
         args = [*args, "--threads", str(threads)]
-    cmd = [sys.executable, str(HERE / bench.script), *(a.replace("{out}", str(out)) for a in args)]
+    cmd = [sys.executable, "-m", bench.module, *(a.replace("{out}", str(out)) for a in args)]
     print(f"== {name}: {' '.join(cmd[1:])} (timeout {bench.timeout_s:.0f} s)", flush=True)
     t0 = time.perf_counter()
     try:
@@ -213,113 +213,6 @@ def run_one(name: str, bench: Bench, quick: bool, threads: int = 0) -> dict[str,
         return dict(entry, status="ok", **bench.headline(raw), raw=raw)
     except (OSError, ValueError, KeyError, TypeError) as e:
         return dict(entry, status=f"unreadable output: {e!r}")
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> {"a.b.c": leaf}; lists and strings are kept as leaves."""
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The results table: one row per headline number (``raw`` details stay in the JSON)."""
-    meta = results.get("meta", {})
-    partial = (f" for {', '.join(meta['only'])}; the other rows {meta.get('others_from', '?')} "
-               "(each row's `ran` says when)") if meta.get("only") else ""  # fmt: skip
-    lines = [
-        f"Measured {meta.get('date', '?')} on {meta.get('cores', '?')} cores "
-        f"(load average {fmt(meta.get('load_avg_1m', '?'))} at start){partial}. "
-        "CPU figures: read the ratios, not the absolute times.",
-        "",
-        "| benchmark | metric | value |",
-        "|---|---|---|",
-    ]
-    for name in sorted(k for k in results if k != "meta"):
-        entry = results[name]
-        shown = {k: v for k, v in entry.items() if k not in ("raw", "wall_s")}
-        for key, val in flatten(shown).items():
-            if isinstance(val, list):
-                continue
-            lines.append(f"| {name} | {key} | {fmt(val)} |")
-    return "\n".join(lines) + "\n"
-
-
-def _get(results: dict[str, Any], path: str) -> Any:
-    node: Any = results
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
-HEADLINES = [  # (label, key in results.json) for the top-level README's table
-    ("RL vs TRL, tiny: step time megatron-rl / TRL", "rl_vs_trl.tiny.step_time_ratio"),
-    ("RL vs TRL, tiny: CPU seconds per step megatron-rl / TRL", "rl_vs_trl.tiny.step_cpu_ratio"),
-    (
-        "RL vs TRL, tiny: step time, one-step off-policy megatron-rl / synchronous TRL",
-        "rl_vs_trl.tiny.overlapped.step_time_ratio",
-    ),
-    (
-        "RL vs TRL, tiny: time to +10 held-out points, megatron-rl / TRL",
-        "rl_vs_trl.time_to_10.text",
-    ),
-    ("RL vs TRL, tiny: held-out accuracy, megatron-rl", "rl_vs_trl.tiny.accuracy.megatron_rl"),
-    ("RL vs TRL, tiny: held-out accuracy, TRL", "rl_vs_trl.tiny.accuracy.trl"),
-    ("RL vs TRL, ~20M: step time megatron-rl / TRL", "rl_vs_trl.m20.step_time_ratio"),
-    ("RL vs TRL, ~20M: CPU seconds per step megatron-rl / TRL", "rl_vs_trl.m20.step_cpu_ratio"),
-    (
-        "RL vs TRL, ~20M: step time, one-step off-policy megatron-rl / synchronous TRL",
-        "rl_vs_trl.m20.overlapped.step_time_ratio",
-    ),
-    (
-        "RL vs TRL, ~20M: trained tokens/s, megatron-rl",
-        "rl_vs_trl.m20.trained_tokens_per_s.megatron_rl",
-    ),
-    ("RL vs TRL, ~20M: trained tokens/s, TRL", "rl_vs_trl.m20.trained_tokens_per_s.trl"),
-    (
-        "RL vs TRL, ~20M: response tokens trained/s, megatron-rl",
-        "rl_vs_trl.m20.response_tokens_per_s.megatron_rl",
-    ),
-    ("RL vs TRL, ~20M: response tokens trained/s, TRL", "rl_vs_trl.m20.response_tokens_per_s.trl"),
-    ("rollout 100M: hf engine / transformers generate", "rollout.ratio_vs_transformers.100m/hf"),
-    ("rollout 100M: vLLM CPU / transformers generate", "rollout.ratio_vs_transformers.100m/vllm"),
-    ("training step MFU, tiny model", "train.mfu.tiny"),
-    ("training step MFU, ~100M model", "train.mfu.100m"),
-    ("weight sync seconds (disk, the default), ~100M model", "weight_sync.seconds.100m"),
-    ("weight sync share of a demo step", "weight_sync.demo_step_fraction"),
-    ("demo step share: generate", "time_split.share.generate"),
-    ("demo step share: train", "time_split.share.train"),
-]
-
-
-def headline(results: dict[str, Any]) -> str:
-    """The short table the top-level README carries (the full one is in results.md)."""
-    meta = results.get("meta", {})
-    source = (f"From `make bench` ({meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
-              f"{fmt(meta.get('total_s', '?'))} s for all CPU benchmarks)")  # fmt: skip
-    if meta.get("only"):  # a partial re-run merged into an earlier full one
-        only, others = ",".join(meta["only"]), meta.get("others_from", "?")
-        source = (f"From `run_all.py --only {only}` ({meta.get('date', '?')}, "
-                  f"{meta.get('cores', '?')} cores, load average "
-                  f"{fmt(meta.get('load_avg_1m', '?'))} at start, "
-                  f"{fmt(meta.get('total_s', '?'))} s), merged "
-                  f"into `make bench` of {others} for the other rows")  # fmt: skip
-    lines = [f"{source}; full table: benchmarks/results.md.",
-             "", "| benchmark | value |", "|---|---|"]  # fmt: skip
-    for label, key in HEADLINES:
-        val = _get(results, key)
-        if val is not None:
-            lines.append(f"| {label} | {fmt(val)} |")
-    return "\n".join(lines) + "\n"
 
 
 def _replace_between_markers(path: Path, table: str) -> None:
@@ -398,8 +291,7 @@ def main() -> int:
     before = results.get("meta", {})
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cores": os.cpu_count(),
-        "load_avg_1m": os.getloadavg()[0],
+        **machine(),  # cores, load_avg_1m, python, torch, git
         "quick": a.quick,
         "threads": a.threads or "each benchmark's default (2)",
     }

@@ -1,6 +1,6 @@
 """Sandbox throughput of this tree against another git revision's sandbox, interleaved in one run.
 
-    .venv/bin/python benchmarks/sandbox_ab.py [--base main] [--rounds 6] [--n 24] [--timeout 1.0]
+    .venv/bin/python -m benchmarks.sandbox_ab [--base main] [--rounds 6] [--n 24] [--timeout 1.0]
 
 The overhead of the sandbox over plain python moves a lot between runs on a shared machine, so
 two separate runs of sandbox_throughput.py cannot tell a 5% change. This runs the same workload
@@ -17,7 +17,7 @@ load) are counted per round, not hidden.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import json
 import math
 import os
@@ -33,9 +33,8 @@ import time
 from io import BytesIO
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from sandbox_throughput import TESTS, workload  # noqa: E402
+from benchmarks.harness import ROOT
+from benchmarks.sandbox_throughput import TESTS, workload
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
@@ -55,8 +54,14 @@ def load_base(ref: str, into: Path):
         path.write_text(text)
     for path in [into, *into.rglob("*")]:  # the sandbox's unprivileged uid reads inside/
         path.chmod(0o755 if path.is_dir() else 0o644)
-    sys.path.insert(0, str(into))
-    return importlib.import_module("sandbox_base")
+    spec = importlib.util.spec_from_file_location(
+        "sandbox_base", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sandbox_base"] = module  # its own modules import sandbox_base.*
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cpu_s() -> float:

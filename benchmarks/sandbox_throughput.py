@@ -2,7 +2,7 @@
 the overhead against running the same programs with plain ``python`` (no isolation) in the same
 run, with the same worker count and the same timeout.
 
-    .venv/bin/python benchmarks/sandbox_throughput.py [--n 24] [--timeout 1.0] [--workers 0]
+    .venv/bin/python -m benchmarks.sandbox_throughput [--n 24] [--timeout 1.0] [--workers 0]
 
 The sandbox runs each program in bubblewrap against a tests file (candidate and judge in two
 sandboxes). The baseline runs one plain ``python`` process per program that loads the program

@@ -12,7 +12,7 @@ and its fail path. Then scores the same pairs twice:
 Code domains run every answer as a real program (sandbox, or its subprocess fallback), so they
 dominate the serial time; the per-family breakdown shows where the time goes.
 
-    .venv/bin/python benchmarks/scoring.py [--answers 10000] [--workers N] [--json OUT]
+    .venv/bin/python -m benchmarks.scoring [--answers 10000] [--workers N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron_rl.domains import Task, VerifyResult, load_domains  # noqa: E402
-from megatron_rl.domains.pool import VerifierPool  # noqa: E402
+from megatron_rl.domains import Task, VerifyResult, load_domains
+from megatron_rl.domains.pool import VerifierPool
 
 TASKS_PER_DOMAIN = 2  # task generation is slow for some generators; answers vary instead
 

@@ -11,7 +11,7 @@ evaluates every 20 steps); a given run's evals are counted as they happened.
 Shares are over the sum of ``time/step_s`` of all logged steps; the largest share is the next
 optimisation target.
 
-    .venv/bin/python benchmarks/time_split.py [--metrics PATH | --steps 4] [--json OUT]
+    .venv/bin/python -m benchmarks.time_split [--metrics PATH | --steps 4] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("generate", "score", "train", "sync", "eval", "other")
+from benchmarks.harness import DEMO_CONFIG, OUT, ROOT, read_jsonl, train
+from benchmarks.harness import PHASES as STEP_PHASES
+
+PHASES = tuple(p for p in STEP_PHASES if p not in ("log", "checkpoint"))  # the split's phases
 
 
 def split(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -51,10 +51,7 @@ def run_demo(a: argparse.Namespace, out: Path) -> Path:
         from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
         model = make_tiny_qwen2(out / "model", a.size or "3m", seed=0, init_std=0.02)
-    cmd = [
-        str(Path(sys.executable).parent / "megatron-rl"),
-        "train",
-        str(ROOT / "configs/demo_cpu.yaml"),
+    overrides = [
         f"output_dir={out}",
         "run_name=time_split",
         f"model.hf_path={model}",
@@ -68,7 +65,7 @@ def run_demo(a: argparse.Namespace, out: Path) -> Path:
         "checkpoint.resume=false",
         *a.override,
     ]
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    train(DEMO_CONFIG, overrides)
     return out / "time_split" / "metrics.jsonl"
 
 
@@ -79,13 +76,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of the run")
     p.add_argument("--size", default="", help="random tiny_model size instead of tiny-base")
     p.add_argument("--override", nargs="*", default=[], help="extra config overrides (a.b=c)")
-    p.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "out"), help="where the short run is kept"
-    )
+    p.add_argument("--out", default=str(OUT), help="where the short run is kept")
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     path = Path(a.metrics) if a.metrics else run_demo(a, Path(a.out))
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = read_jsonl(path)
     res = dict(split(rows), metrics_path=str(path), cores=os.cpu_count())
     res["load_avg_1m"] = os.getloadavg()[0]
     print(

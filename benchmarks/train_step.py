@@ -15,7 +15,7 @@ dense kernel actually reaches here, so MFU reads as "share of the achievable mat
 theoretical AVX2 figure (2 FMA units x 8 fp32 lanes x 2 FLOP per cycle per core x cores x the
 clock in /proc/cpuinfo) is printed beside it when the clock is readable, with MFU against it.
 
-    .venv/bin/python benchmarks/train_step.py [--sizes tiny,100m] [--steps 3] [--json OUT]
+    .venv/bin/python -m benchmarks.train_step [--sizes tiny,100m] [--steps 3] [--json OUT]
 """
 
 from __future__ import annotations

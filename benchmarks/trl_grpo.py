@@ -1,6 +1,6 @@
 """The TRL side of ``rl_vs_trl.py``: ``GRPOTrainer`` on megatron-rl's planned tasks, timed by phase.
 
-Runs in its own process (``python benchmarks/trl_grpo.py SPEC.json``, started by rl_vs_trl.py)
+Runs in its own process (``python -m benchmarks.trl_grpo SPEC.json``, started by rl_vs_trl.py)
 and prints one ``RESULT {json}`` line. TRL is configured as its docs recommend on a CPU:
 ``use_cpu=True``, fp32, ``transformers`` generation (no vLLM), gradient checkpointing off (TRL
 turns it on by default to save GPU memory; a model this size on a CPU has no memory pressure, and
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_vs_trl import plan_tasks, run_config
+
+from benchmarks.rl_vs_trl import plan_tasks, run_config
 
 
 class PhaseClock:

@@ -14,7 +14,7 @@ made), the disk-mode sync seconds at that run's model size (the measured size wh
 closest: ``demo`` for the demo) over its mean ``time/step_s``; that run's own ``time/sync_s``
 share is printed beside it.
 
-    .venv/bin/python benchmarks/weight_sync.py [--sizes test,3m,100m] [--json OUT]
+    .venv/bin/python -m benchmarks.weight_sync [--sizes test,3m,100m] [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.harness import ROOT, read_jsonl, step_rows
 
 
 def build_policy(model_dir: Path) -> Any:
@@ -57,7 +59,7 @@ def bench_size(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
     from megatron_rl.rollout.weight_sync import sync_weights
 
     if size == "demo":  # the demo's own policy, the size a demo step syncs
-        model_dir = Path(__file__).resolve().parents[1] / "models" / "tiny-base"
+        model_dir = ROOT / "models" / "tiny-base"
     else:
         model_dir = make_tiny_qwen2(tmp / size, size, seed=0, init_std=0.02)
     policy = build_policy(model_dir)
@@ -88,8 +90,7 @@ def bench_size(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
 
 def demo_fraction(metrics_path: Path, per_size: dict[str, Any]) -> dict[str, Any] | None:
     """Sync seconds at the demo run's model size (default ``disk`` mode) over its mean step."""
-    rows = [json.loads(x) for x in metrics_path.read_text().splitlines()]
-    rows = [r for r in rows if "time/step_s" in r]
+    rows = step_rows(read_jsonl(metrics_path))
     if not rows:
         return None
     step_s = sum(r["time/step_s"] for r in rows) / len(rows)

@@ -7,7 +7,7 @@ right on hand-made inputs. Benchmarks run as real subprocesses (tiny scripts wri
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,12 +15,9 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
 
 def mod(name: str) -> Any:
-    return importlib.import_module(name)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture
@@ -29,6 +26,7 @@ def run_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(m, "OUT", tmp_path / "out")
     monkeypatch.setattr(m, "RESULTS", tmp_path / "results.json")
     monkeypatch.setattr(m, "HERE", tmp_path)
+    monkeypatch.setattr(m, "ROOT", tmp_path)  # benchmarks run as modules from here
     monkeypatch.setattr(m, "README", tmp_path / "README.md")
     monkeypatch.setattr(m, "TOP_README", tmp_path / "TOP_README.md")
     return m
@@ -61,7 +59,7 @@ def test_partial_run_says_what_it_measured_and_when_the_rest_was(
     the date of the full run behind the other rows (also after a second partial run)."""
     full = {"meta": {"date": "FULL", "cores": 2}, "train": {"status": "ok", "mfu": {"tiny": 0.1}}}
     (tmp_path / "results.json").write_text(json.dumps(full))
-    ok = run_all.Bench(script(tmp_path, "q.py", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
+    ok = run_all.Bench(script(tmp_path, "q", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
                        ["--json", "{out}"], 60, takes_threads=False)  # fmt: skip
     monkeypatch.setattr(run_all, "BENCHES", {"q": ok})
     for _ in range(2):
@@ -95,7 +93,7 @@ def test_tables_come_only_from_results_json(run_all: Any, tmp_path: Path, monkey
     monkeypatch.setattr(sys, "argv", ["run_all.py", "--check"])
     assert run_all.main() == 0
     before = readme.read_text()
-    ok = run_all.Bench(script(tmp_path, "q.py", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
+    ok = run_all.Bench(script(tmp_path, "q", "json.dump({'x': 1}, open(sys.argv[2], 'w'))\n"),
                        ["--json", "{out}"], 60, takes_threads=False)  # fmt: skip
     monkeypatch.setattr(run_all, "BENCHES", {"q": ok})
     monkeypatch.setattr(sys, "argv", ["run_all.py", "--quick"])
@@ -106,12 +104,13 @@ def test_tables_come_only_from_results_json(run_all: Any, tmp_path: Path, monkey
 
 
 def script(tmp_path: Path, name: str, body: str) -> str:
-    (tmp_path / name).write_text("import json, sys, time\n" + body)
+    """A benchmark module ``name`` in ``tmp_path`` (run as ``python -m name`` from there)."""
+    (tmp_path / f"{name}.py").write_text("import json, sys, time\n" + body)
     return name
 
 
 def test_run_one_collects_json_and_headline(run_all: Any, tmp_path: Path) -> None:
-    s = script(tmp_path, "ok.py", "json.dump({'a': {'b': 2.5}}, open(sys.argv[2], 'w'))\n")
+    s = script(tmp_path, "ok", "json.dump({'a': {'b': 2.5}}, open(sys.argv[2], 'w'))\n")
     bench = run_all.Bench(s, ["--json", "{out}"], 60, lambda r: {"b": r["a"]["b"] * 2})
     entry = run_all.run_one("ok", bench, quick=False)
     assert entry["status"] == "ok"
@@ -120,11 +119,11 @@ def test_run_one_collects_json_and_headline(run_all: Any, tmp_path: Path) -> Non
 
 
 def test_run_one_records_failure_timeout_and_parses_stdout(run_all: Any, tmp_path: Path) -> None:
-    bad = run_all.Bench(script(tmp_path, "bad.py", "sys.exit(3)\n"), [], 60)
+    bad = run_all.Bench(script(tmp_path, "bad", "sys.exit(3)\n"), [], 60)
     assert run_all.run_one("bad", bad, False)["status"] == "failed (exit 3)"
-    slow = run_all.Bench(script(tmp_path, "slow.py", "time.sleep(30)\n"), [], 0.5)
+    slow = run_all.Bench(script(tmp_path, "slow", "time.sleep(30)\n"), [], 0.5)
     assert run_all.run_one("slow", slow, False)["status"] == "timeout"
-    printed = script(tmp_path, "pr.py", "print('hello'); print(json.dumps({'rows': [1, 2]}))\n")
+    printed = script(tmp_path, "pr", "print('hello'); print(json.dumps({'rows': [1, 2]}))\n")
     entry = run_all.run_one("pr", run_all.Bench(printed, [], 60, json_out=False), False)
     assert entry["status"] == "ok" and entry["raw"] == {"rows": [1, 2]}
 
@@ -302,7 +301,7 @@ def test_trl_reward_is_the_domain_verifier() -> None:
 
 
 def test_threads_are_passed_only_to_scripts_that_take_them(run_all: Any, tmp_path: Path) -> None:
-    s = script(tmp_path, "argv.py", "json.dump(sys.argv[3:], open(sys.argv[2], 'w'))\n")
+    s = script(tmp_path, "argv", "json.dump(sys.argv[3:], open(sys.argv[2], 'w'))\n")
     takes = run_all.Bench(s, ["--json", "{out}"], 60)
     assert run_all.run_one("a", takes, False, threads=1)["raw"] == ["--threads", "1"]
     plain = run_all.Bench(s, ["--json", "{out}"], 60, takes_threads=False)
@@ -404,3 +403,44 @@ def test_sandbox_bench_forgives_a_timeout_under_load_but_not_a_wrong_verdict() -
     assert sb.recheck(programs, ["passed", "failed"], ["passed", "failed"], 5.0) == 0
     with pytest.raises(RuntimeError, match="verdicts differ on program 1"):
         sb.recheck(programs, ["passed", "failed"], ["passed", "passed"], 5.0)  # not a timeout
+
+
+def test_every_benchmark_is_a_module_of_the_package() -> None:
+    """run_all runs each benchmark as ``python -m <module>``: each one is there."""
+    ra = mod("run_all")
+    for name, bench in ra.BENCHES.items():
+        assert bench.module.startswith("benchmarks."), name
+        assert importlib.util.find_spec(bench.module) is not None, (name, bench.module)
+
+
+def test_benchmarks_edit_no_import_path_and_the_library_imports_none() -> None:
+    """Benchmarks and studies import as a package (no ``sys.path`` edits); the library
+    (megatron_rl, long_context, domains, launch) never imports benchmarks or a study."""
+    root = Path(__file__).resolve().parents[1]
+    edits = [p for p in (root / "benchmarks").rglob("*.py") if "sys.path" in p.read_text()]
+    assert edits == []
+    library = [p for d in ("megatron_rl", "long_context", "domains", "launch")
+               for p in (root / d).rglob("*.py")]  # fmt: skip
+    importers = [
+        p
+        for p in library
+        if any(
+            line.lstrip().startswith(("import benchmarks", "from benchmarks"))
+            for line in p.read_text().splitlines()
+        )
+    ]
+    assert library and importers == []
+
+
+def test_stored_results_may_be_gzip_and_rewrite_to_the_same_bytes(tmp_path: Path) -> None:
+    """harness: a ``.gz`` result is stored gzip with time 0 (the same text, the same bytes) and
+    read back as text; other names stay plain text. Stems drop ``.json`` and ``.json.gz``."""
+    h = mod("harness")
+    text = json.dumps({"a": [1, 2.5]}, indent=1) + "\n"
+    gz, plain = tmp_path / "r.json.gz", tmp_path / "r.json"
+    h.write_text(gz, text)
+    h.write_text(plain, text)
+    assert h.read_text(gz) == text and plain.read_text() == text
+    assert gz.read_bytes()[:2] == b"\x1f\x8b" and gz.read_bytes()[4:8] == b"\0\0\0\0"
+    assert h.to_bytes(gz, text) == gz.read_bytes()
+    assert h.stem(gz) == h.stem(plain) == "r"

@@ -1,7 +1,7 @@
 """The pieces of the long-context learning run that need no torchrun: which micro-batches the
 length switch splits (long_context/cp_switch.py), the per-level before/after report and its
 picture (train/level_eval.py), the SFT data of the warm start (long_context/sft_data.py) and the
-benchmark record (benchmarks/long_context_learning.py)."""
+benchmark record (benchmarks/studies/long_context_learning.py)."""
 
 from __future__ import annotations
 
@@ -97,14 +97,8 @@ def test_sft_data_is_training_split_only(tmp_path: Path) -> None:
 
 
 def test_benchmark_record_checks_the_acceptance_gains(tmp_path: Path) -> None:
-    import importlib.util
+    from benchmarks.studies import long_context_learning as lcl
 
-    spec = importlib.util.spec_from_file_location(
-        "lcl", ROOT / "benchmarks" / "long_context_learning.py"
-    )
-    assert spec is not None and spec.loader is not None
-    lcl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lcl)
     before = {"3": sweep({"a": [0.0] * 10}, 2050.0), "4": sweep({"a": [0.0] * 10}, 4098.0)}
     after = {"3": sweep({"a": [1.0] * 5 + [0.0] * 5}, 2050.0),
              "4": sweep({"a": [1.0] + [0.0] * 9}, 4098.0)}  # fmt: skip

@@ -12,7 +12,6 @@ dominates: replay then cuts the mean only ~1.6x on this model; docs/LOG.md has b
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.routing_replay import bf16_router, measure, pack_rollout
 from megatron_rl.controller.batches import sample_routes
 from megatron_rl.controller.groups import Sample
 from megatron_rl.controller.shares import zero_batch
@@ -29,9 +29,6 @@ from megatron_rl.packing.batch import pack
 from megatron_rl.rollout.base import EngineStartError, GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import HFEngine
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from routing_replay import bf16_router, measure, pack_rollout  # noqa: E402
 
 TINY_MOE = Path(__file__).resolve().parents[1] / "models" / "tiny-moe"
 LAYERS, TOPK = 4, 2

@@ -1,6 +1,6 @@
-"""benchmarks/scheduler_real.py (``make bench-scheduler``): every arm generates and trains the
-same groups per step, the extract and statistics it reports, the seesaw statistics, the
-recompute script against the committed JSON, and the quick mode of real training."""
+"""benchmarks/studies/scheduler_real.py (``make bench-scheduler``): every arm generates and
+trains the same groups per step, the extract and statistics it reports, the seesaw statistics,
+the recompute script against the committed JSON, and the quick mode of real training."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.harness import read_text, rel
+from benchmarks.studies import scheduler_pair as sp
+from benchmarks.studies import scheduler_real as sr
+from benchmarks.studies import scheduler_runs as runs
+from benchmarks.studies import scheduler_stats as st
 
-import scheduler_real as sr  # noqa: E402
-import scheduler_stats as st  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+STORED = ROOT / "benchmarks" / "studies" / "scheduler_real.json.gz"  # the per-run extract
 
 
 def test_seeds_fixed_apart_and_every_competing_arm_plans_the_same_groups(tmp_path) -> None:
@@ -24,7 +27,7 @@ def test_seeds_fixed_apart_and_every_competing_arm_plans_the_same_groups(tmp_pat
     assert not set(sr.REPORT_SEEDS) & set(sr.DEV_SEEDS)
     a = sr.parse(["--run-dir", str(tmp_path)])
     arms = {**sr.CORE, **sr.ABLATIONS, **sr.ORACLE_CANDIDATES, **sr.ADAPTIVE_VARIANTS}
-    planned = sr.planned_groups(arms, a)
+    planned = runs.planned_groups(arms, a)
     assert planned.pop(sr.PROBE) == 4 * sr.PROMPTS  # the probe: 4x, reported, not competing
     assert set(planned.values()) == {2 * sr.PROMPTS}
     assert len(a.domains) == 8 and a.eval_n >= 128
@@ -44,7 +47,7 @@ def test_d2_confirmation_runs_fresh_seeds_and_plans_equal_groups(tmp_path) -> No
     with pytest.raises(ValueError, match="--part confirm is D2's"):
         sr.part_arms("confirm", "D1")
     a = sr.parse(["--set", "D2", "--run-dir", str(tmp_path)])
-    planned = sr.planned_groups({**sr.D2_DEV, **sr.D2_CONFIRM}, a)
+    planned = runs.planned_groups({**sr.D2_DEV, **sr.D2_CONFIRM}, a)
     assert set(planned.values()) == {2 * sr.D2_PROMPTS} and len(a.domains) == 12
 
 
@@ -100,7 +103,7 @@ def test_reuse_copies_only_same_settings_same_arm_runs_of_the_parts_seeds() -> N
 def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
     """Every stored real-training section is reusable from this checkout: its settings are what
     its part would run (the model named inside the repository, not by one checkout's path)."""
-    doc = json.loads((ROOT / "benchmarks" / "scheduler_real.json").read_text())
+    doc = json.loads(read_text(STORED))
     for argv, name in (
         (["--part", "core"], "report"),
         (["--part", "room"], "report"),
@@ -112,9 +115,9 @@ def test_stored_sections_match_the_settings_their_parts_run_now() -> None:
     ):
         a = sr.parse(argv)
         assert sr.part_arms(a.part, a.set)[0] == name
-        assert json.loads(json.dumps(sr.settings(a))) == doc["sections"][name]["settings"], argv
-    assert sr.rel(str(sr.BASE_MODEL)) == "models/tiny-base"
-    assert sr.rel("/elsewhere/m") == "/elsewhere/m"
+        assert json.loads(json.dumps(runs.settings(a))) == doc["sections"][name]["settings"], argv
+    assert rel(str(sr.BASE_MODEL)) == "models/tiny-base"
+    assert rel("/elsewhere/m") == "/elsewhere/m"
 
 
 def test_a_section_with_runs_is_refused_under_other_settings_not_emptied(tmp_path) -> None:
@@ -139,9 +142,9 @@ def test_learning_rate_is_pinned_per_part_not_taken_from_the_demo(tmp_path) -> N
     for argv, lr in (([], 3e-4), (["--set", "D2", "--part", "confirm"], 3e-4),
                      (["--part", "seesaw"], 1e-3), (["--lr", "5e-4"], 5e-4)):  # fmt: skip
         a = sr.parse([*argv, "--run-dir", str(tmp_path)])
-        cfg = load_config(sr.CONFIG, sr.overrides(sr.CORE[st.BASELINE], "x", 1, a))
+        cfg = load_config(runs.CONFIG, runs.overrides(sr.CORE[st.BASELINE], "x", 1, a))
         assert (cfg.train.lr, cfg.train.min_lr, cfg.train.lr_schedule) == (lr, 2e-5, "cosine")
-        assert sr.settings(a)["lr"] == lr
+        assert runs.settings(a)["lr"] == lr
 
 
 def write_run(run: Path, trained: list[int]) -> None:
@@ -177,7 +180,7 @@ def write_run(run: Path, trained: list[int]) -> None:
 
 def test_extract_reads_the_runs_own_metrics_and_the_budget_is_checked(tmp_path) -> None:
     write_run(tmp_path / "ok", [2, 2])
-    ex = sr.extract(tmp_path / "ok", ["x/a", "x/b"])
+    ex = runs.extract(tmp_path / "ok", ["x/a", "x/b"])
     assert [s["step"] for s in ex["sweeps"]] == [0, 2]
     assert ex["sweeps"][1]["domains"]["x/a"] == {
         "primary": 0.6,
@@ -189,10 +192,10 @@ def test_extract_reads_the_runs_own_metrics_and_the_budget_is_checked(tmp_path) 
     }
     assert ex["groups_generated"] == [4, 4] and ex["groups_trained"] == [2, 2]
     assert ex["share"] == {"x/a": 0.25, "x/b": 0.75} and len(ex["events"]) == 1
-    sr.check_budget("ok", ex, 4, 2)
+    runs.check_budget("ok", ex, 4, 2)
     write_run(tmp_path / "short", [2, 1])  # one step trained fewer groups
     with pytest.raises(RuntimeError, match=r"trained \[1, 2\] groups per step, expected 4 / 2"):
-        sr.check_budget("short", sr.extract(tmp_path / "short", ["x/a", "x/b"]), 4, 2)
+        runs.check_budget("short", runs.extract(tmp_path / "short", ["x/a", "x/b"]), 4, 2)
 
 
 def fake_run(final: float, seed: int, events: int = 0, dip: float = 0.0) -> dict:
@@ -361,8 +364,6 @@ def test_merge_refuses_runs_of_an_arm_run_with_other_overrides(tmp_path) -> None
 
 
 def test_the_pair_starts_from_its_own_base_and_develops_in_its_own_section(tmp_path) -> None:
-    import scheduler_pair as sp
-
     a = sr.parse(["--part", "seesaw", "--run-dir", str(tmp_path)])
     e = sp.pair_args(a)
     assert e.model == str(sp.MODEL) and e.domains == list(sp.PAIR) and e.eval_n >= 256
@@ -377,12 +378,13 @@ def test_the_pair_starts_from_its_own_base_and_develops_in_its_own_section(tmp_p
 
 
 def test_committed_json_agrees_with_its_extract() -> None:
-    """The statistics in benchmarks/scheduler_real.json recompute from its per-run extract."""
-    path = ROOT / "benchmarks" / "scheduler_real.json"
-    doc = json.loads(path.read_text())
+    """The statistics in the stored scheduler_real.json.gz recompute from its per-run extract
+    (the recompute script's default file)."""
+    doc = json.loads(read_text(STORED))
     assert "report" in doc["sections"]
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scheduler_stats.py"), str(path)],
+        [sys.executable, "-m", "benchmarks.studies.scheduler_stats"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,

@@ -1,4 +1,5 @@
-"""The simulator used by benchmarks/scheduler_sim.py: its dynamics do what its docstring says."""
+"""The simulator used by benchmarks/studies/scheduler_sim.py: its dynamics do what its docstring
+says."""
 
 from __future__ import annotations
 
@@ -61,13 +62,9 @@ def test_interference_erodes_less_from_a_domain_near_zero():
 
 
 def test_benchmark_table_leads_with_the_same_budget_baseline():
-    """benchmarks/scheduler_sim.py: the first row generates as many rollouts as the adaptive
+    """benchmarks/studies/scheduler_sim.py: the first row generates as many rollouts as the adaptive
     scheduler, and the seeds it reports were never used for development."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import scheduler_sim as bench
+    from benchmarks.studies import scheduler_sim as bench
 
     first, (cfg, mult) = next(iter(bench.CONFIGS.items()))
     assert first == bench.BASELINE and mult == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 from domains.tiny_sched import OFFSETS, PAIR, SPECS
@@ -19,18 +18,17 @@ def test_registered_single_level_and_the_benchmark_sets_exist() -> None:
     names = set(load_domains(["tinysched/*"]))
     assert names == {f"tinysched/{n}" for n in SPECS} | {PAIR[0], *OFFSETS} and PAIR[1] in OFFSETS
     assert all(d.levels == (0,) for d in load_domains(["tinysched/*"]).values())
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import scheduler_real as sr
+    from benchmarks.studies import scheduler_real as sr
 
     assert set(sr.DOMAINS) <= names and set(sr.D2) <= names and len(set(sr.D2)) == 12
 
 
 def test_measured_prompt_spaces_are_large_enough() -> None:
-    """benchmarks/scheduler_domains.json: >= 1,000 distinct prompts per domain (estimated from
-    collisions) and >= 128 distinct held-out prompts seen, for every benchmark domain."""
-    doc = json.loads((ROOT / "benchmarks" / "scheduler_domains.json").read_text())["domains"]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import scheduler_real as sr
+    """benchmarks/studies/scheduler_domains.json: >= 1,000 distinct prompts per domain (estimated
+    from collisions) and >= 128 distinct held-out prompts seen, for every benchmark domain."""
+    doc = json.loads((ROOT / "benchmarks" / "studies" / "scheduler_domains.json").read_text())
+    doc = doc["domains"]
+    from benchmarks.studies import scheduler_real as sr
 
     for name in {*sr.DOMAINS, *sr.D2, *PAIR}:
         row = doc[name]

@@ -1,57 +1,21 @@
-"""`make gpu-check`: the GPU paths that one lent GPU can check, in under 5 minutes, no set-up.
+"""The checks of ``make gpu-check`` (run by ``gpu_check.py``, which says what each one checks):
+a registry (``@check(name, needs=..., gpus=...)``) and what the checks share (``Ctx``: the
+device, a tiny model on disk, a scratch folder; the transformers reference log-probs).
 
-Written for the machine this workplace lends: one H200, Python 3.12, torch (CUDA) and
-transformers, but no megatron-core, Transformer Engine, SGLang or vLLM, and no network. What it
-lacks comes from wheels that ``make gpu-wheels`` downloads on a networked machine into
-``gpu_wheels/`` (megatron-core, aiohttp, jsonschema and their deps: ~6 MiB, carried along):
-they are unpacked into a temporary folder and put on ``sys.path``, nothing is installed.
-
-Checks (a registry: add one with ``@check(name, needs=..., gpus=...)``); each runs only when
-what it needs imports and enough GPUs are there, else prints one line naming what is missing:
-
-* ``device``: the GPU, its capability and a bf16 matmul against fp32;
-* ``hf_engine``: the ``hf`` rollout engine on the GPU: sampled tokens' log-probs vs a plain
-  transformers forward of the same weights;
-* ``weight_update``: the embedded SGLang-API server on the GPU + the production ``sglang``
-  client: weights pushed from disk (``update_weights_from_disk``) and as tensors
-  (``update_weights``: safetensors + reload), then the server's log-probs vs the new weights;
-* ``megatron_policy``: the Megatron GPT policy (local spec: no Transformer Engine) on the GPU:
-  token log-probs of a packed batch of 4 sequences vs transformers;
-* ``mfu``: training-step MFU of the ~350M model of ``gpu_mfu.py`` (local spec), 3 steps;
-* ``te_vs_local``: per-token log-probs of a packed batch, TE layer spec vs local spec (needs TE);
-* ``moe_te``: a tiny Qwen3-MoE on the TE spec (alltoall, grouped GEMM) vs local, exact export,
-  routing replay, one training step (needs TE; EP > 1 needs more GPUs);
-* ``sglang_update``: needs SGLang (not written yet);
-* ``nccl_weight_group``: the NCCL weight-update group needs 2 GPUs (NCCL refuses two ranks on
-  one device), so on one GPU it is listed as unrun.
-
-Prints one JSON object (also ``--json OUT``); exits 1 when a check that ran failed.
-``--device cpu`` runs the same checks on CPU (how they were tried before any GPU was lent).
-
-    python benchmarks/gpu_check.py [--json OUT] [--only a,b] [--device cpu]
+Standard library only at import: the checks import what they need when they run, after
+``gpu_check.py`` has put the carried wheels on the path.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-import json
-import os
-import platform
-import sys
 import tempfile
 import time
-import traceback
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-WHEELS = Path(os.environ.get("GPU_CHECK_WHEELS", str(ROOT / "gpu_wheels")))  # make gpu-wheels
-sys.path.insert(0, str(ROOT))
 
 
 @dataclass
@@ -71,31 +35,6 @@ def check(name: str, needs: tuple[str, ...] = (), gpus: int = 1) -> Callable[...
         return fn
 
     return add
-
-
-def use_wheels(folder: Path) -> list[str]:
-    """Unpack the wheels in ``folder`` for this Python and machine onto ``sys.path``."""
-    if not folder.is_dir():
-        return []
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    arch = platform.machine()
-    target = Path(tempfile.mkdtemp(prefix="gpu-check-wheels-"))
-    used = []
-    for whl in sorted(folder.glob("*.whl")):
-        py, abi, plat = whl.name[: -len(".whl")].split("-")[-3:]
-        if (py.startswith("cp") and abi != "abi3" and py != tag) or (
-            plat != "any" and arch not in plat
-        ):
-            continue  # another Python or machine
-        with zipfile.ZipFile(whl) as z:
-            tops = {n.split("/")[0].removesuffix(".py") for n in z.namelist()}
-            tops = {t for t in tops if not t.endswith((".dist-info", ".data", ".libs"))}
-            if tops and all(importlib.util.find_spec(t) for t in tops):
-                continue  # the machine has it: keep its own
-            z.extractall(target)
-        used.append(whl.name)
-    sys.path.insert(0, str(target))
-    return used
 
 
 class Ctx:
@@ -256,8 +195,7 @@ def megatron_policy_check(ctx: Ctx) -> dict[str, Any]:
 
 @check("mfu", needs=("megatron.core",), gpus=1)
 def mfu_check(ctx: Ctx) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_mfu import train_mfu
+    from benchmarks.gpu_mfu import train_mfu
 
     args = argparse.Namespace(steps=3, seqs=32, seq_len=1024, micro_batch_tokens=8192)
     r = train_mfu(args)
@@ -272,19 +210,22 @@ def _policy(model_dir: Path, te: bool, train: Any = None) -> Any:
     """A bf16 policy on the TE or megatron-core's local layer spec, with ``model_dir``'s weights."""
     import dataclasses
 
-    from megatron_rl.model import gpt, hf_io, policy
+    from megatron_rl.model import gpt, hf_io, parallel, policy
     from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import init_distributed
 
     _, hf_cfg = hf_io.load_hf_config(str(model_dir))
     cfg = dataclasses.replace(hf_cfg, dtype="bfloat16")
     dist = init_distributed(ParallelConfig(), 0, cfg)
-    real = gpt.use_te_spec
-    gpt.use_te_spec = policy.use_te_spec = (lambda: True) if te else (lambda: False)  # type: ignore[attr-defined]
+    real = parallel.use_te_spec
+    users = (gpt, policy, parallel)  # parallel: what moe.use_grouped_gemm asks at call time
+    for m in users:
+        m.use_te_spec = (lambda: True) if te else (lambda: False)  # type: ignore[attr-defined]
     try:
         pol = policy.Policy(cfg, dist, train)
     finally:
-        gpt.use_te_spec = policy.use_te_spec = real  # type: ignore[attr-defined]
+        for m in users:
+            m.use_te_spec = real  # type: ignore[attr-defined]
     sd, _ = hf_io.load_hf(str(model_dir))
     pol.load_hf_state_dict(sd)
     return pol
@@ -367,61 +308,3 @@ def sglang_check(ctx: Ctx) -> dict[str, Any]:
 @check("nccl_weight_group", needs=("torch",), gpus=2)
 def nccl_group_check(ctx: Ctx) -> dict[str, Any]:
     raise NotImplementedError("needs 2 GPUs: trainer rank 0 and one server rank")
-
-
-def missing(c: Check, ctx_gpus: int, device: str) -> str | None:
-    """Why ``c`` cannot run here (None: it can)."""
-    for mod in c.needs:
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} is not installed"
-        except ModuleNotFoundError:
-            return f"{mod} is not installed"
-    if device == "cuda" and ctx_gpus < c.gpus:
-        return f"needs {c.gpus} GPUs, this machine has {ctx_gpus}"
-    if device == "cpu" and c.gpus:
-        return "needs a GPU"
-    return None
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=None, help="write the figures here too")
-    p.add_argument("--only", default="", help="comma-separated check names")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    a = p.parse_args()
-    wheels = use_wheels(WHEELS)
-    import torch
-
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_check.py: no CUDA GPU visible (use --device cpu to try the checks on CPU)")
-        return 1
-    ctx = Ctx(a.device)
-    out: dict[str, Any] = {"device": a.device, "wheels": wheels, "checks": {}, "unrun": {}}
-    names = [n for n in a.only.split(",") if n] or list(CHECKS)
-    for name in names:
-        c = CHECKS[name]
-        why = missing(c, ctx.gpus, a.device)
-        if why:
-            out["unrun"][name] = why
-            print(f"gpu-check: {name}: not run: {why}", flush=True)
-            continue
-        t0 = time.perf_counter()
-        try:
-            res = c.fn(ctx)
-        except Exception as e:
-            res = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                   "trace": traceback.format_exc()[-2000:]}  # fmt: skip
-        res["seconds"] = round(time.perf_counter() - t0, 2)
-        out["checks"][name] = res
-        print(f"gpu-check: {name}: {'ok' if res['ok'] else 'FAILED'} ({res['seconds']} s)",
-              flush=True)  # fmt: skip
-    print(json.dumps(out, indent=2, default=str))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=2, default=str))
-    return 0 if all(r["ok"] for r in out["checks"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

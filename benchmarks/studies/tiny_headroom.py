@@ -6,7 +6,8 @@ Held-out prompts are distinct, each once (``megatron_rl/train/prompt_sets.py``),
 ``--levels`` level (default the easiest); one greedy answer and 8 samples at T=1 per prompt, the
 domain's own verifier. (The 2026-11-30 figures in docs/LOG.md drew tasks with repeats.)
 
-    .venv/bin/python benchmarks/tiny_headroom.py --domains 'tiny/*' 'tinymix/*' --all-candidates
+    .venv/bin/python -m benchmarks.studies.tiny_headroom --domains 'tiny/*' 'tinymix/*' \
+        --all-candidates
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.harness import ROOT
 
 
 def pick_domains(patterns: list[str], all_candidates: bool) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Reads ``RUN/summary.json`` (written by the RL loop with ``rl.eval_levels``), ``RUN/metrics.jsonl``
 and ``RUN/events.jsonl`` and writes
 
-- ``benchmarks/long_context_learning.json``: per length level the accuracy before and after,
+- ``benchmarks/studies/long_context_learning.json``: per length level the accuracy before and after,
   standard errors, distinct prompt counts, the paired gain and its standard error, per domain;
   the curriculum's promotions (from the scheduler events); steps and the level each step trained
   at; wall time, the machine's load average over the run (``sys/load_avg_1m`` of every step), and
@@ -11,7 +11,7 @@ and ``RUN/events.jsonl`` and writes
   least 4k tokens, each >= 20 points);
 - ``docs/long_context_learning.png``: accuracy against context length, before and after.
 
-    python benchmarks/long_context_learning.py runs/long_context_cpu
+    python -m benchmarks.studies.long_context_learning runs/long_context_cpu
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import ROOT
+from benchmarks.harness import read_jsonl as read_rows
 
 GAIN_NEEDED = 0.20  # issue 27: +20 points at the longest level reached and at a >= 4k level
 LONG_TOKENS = 4096
@@ -33,7 +32,7 @@ LONG_TOKENS = 4096
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_rows(path)
 
 
 def trained_levels(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -97,7 +96,9 @@ def record(run: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/long_context_learning.json")
+    parser.add_argument(
+        "--json", type=Path, default=ROOT / "benchmarks/studies/long_context_learning.json"
+    )
     parser.add_argument("--png", type=Path, default=ROOT / "docs/long_context_learning.png")
     args = parser.parse_args()
     from megatron_rl.evaluation.levels import accuracy_png, format_levels

@@ -8,7 +8,7 @@ after minus before on the same distinct held-out prompts) pairwise by seed:
 The rule the demo follows: use the overlap if ``|mean d| <= 2 SE``. Also printed: each run's
 wall time and its paired per-prompt SE of the gain (the harness's ``mean_gain_stderr``).
 
-    .venv/bin/python benchmarks/off_policy_study.py [--seeds 1,2,3] [--out runs/off_policy]
+    .venv/bin/python -m benchmarks.studies.off_policy_study [--seeds 1,2,3] [--out runs/off_policy]
         [--override k=v ...] [--json OUT]
 """
 
@@ -18,13 +18,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import DEMO_CONFIG, ROOT, train
 
 
 def run(config: str, out: Path, seed: int, off_policy: bool, extra: list[str]) -> dict[str, Any]:
@@ -32,12 +30,11 @@ def run(config: str, out: Path, seed: int, off_policy: bool, extra: list[str]) -
     name = f"s{seed}_{'on' if off_policy else 'off'}"
     summary = out / name / "summary.json"
     if not summary.is_file():  # a finished run is kept: the study resumes where it stopped
-        cli = [str(Path(sys.executable).parent / "megatron-rl"), "train", config]
-        cli += [f"output_dir={out}", f"run_name={name}", f"seed={seed}",
-                f"rl.off_policy={str(off_policy).lower()}", "checkpoint.every=0",
-                "tracking.wandb=disabled", "tracking.progress=false", *extra]  # fmt: skip
+        overrides = [f"output_dir={out}", f"run_name={name}", f"seed={seed}",
+                     f"rl.off_policy={str(off_policy).lower()}", "checkpoint.every=0",
+                     "tracking.wandb=disabled", "tracking.progress=false", *extra]  # fmt: skip
         load0, t0 = os.getloadavg()[0], time.time()
-        subprocess.run(cli, check=True, cwd=ROOT)
+        train(config, overrides)
         meta = {"wall_s": time.time() - t0, "load_start": load0, "load_end": os.getloadavg()[0]}
         (out / name / "study_meta.json").write_text(json.dumps(meta))
     res = json.loads(summary.read_text())
@@ -55,7 +52,7 @@ def paired(diffs: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(ROOT / "configs" / "demo_cpu.yaml"))
+    p.add_argument("--config", default=str(DEMO_CONFIG))
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--out", default=str(ROOT / "runs" / "off_policy_study"))
     p.add_argument("--override", nargs="*", default=[], help="extra config overrides (a.b=c)")

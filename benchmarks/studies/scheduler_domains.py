@@ -17,7 +17,8 @@ measured on the pair's own base model (``--pair-model``, ``models/tiny-seesaw-ba
 names the model it was measured on. ``--only`` re-measures some domains and keeps the other rows
 of an existing ``--json``.
 
-    .venv/bin/python benchmarks/scheduler_domains.py [--json benchmarks/scheduler_domains.json]
+    .venv/bin/python -m benchmarks.studies.scheduler_domains \
+        [--json benchmarks/studies/scheduler_domains.json]
 """
 
 from __future__ import annotations
@@ -29,10 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.harness import ROOT, rel
 
 CLASS_RULES = {  # class -> (check on the measurement, the rule in words)
     "frontier": (lambda r, k: 0.25 <= r[f"pass{k}_t1"] <= 0.9, "pass@k in [0.25, 0.9]"),
@@ -55,12 +53,6 @@ def occupancy_size(draws: int, distinct: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
-
-
-def rel(path: str) -> str:
-    """A model path relative to the repository when it lies inside it."""
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT)) if ROOT in p.parents else path
 
 
 def prompt_space(domain: Any, draws: int, seed: int) -> dict[str, float]:
@@ -87,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the table here")
     a = ap.parse_args(argv)
     import torch
-    from tiny_headroom import headroom
 
+    from benchmarks.studies.tiny_headroom import headroom
     from domains.tiny_sched import OFFSETS, PAIR, SPECS
     from megatron_rl.domains import load_domains
     from megatron_rl.model.tokenizer import load_tokenizer

@@ -1,8 +1,8 @@
 """Uniform mixing vs the adaptive domain scheduler on the simulator, plus scheduler overhead.
 
-    python benchmarks/scheduler_sim.py              # report seeds 100-104, ~4 min on 2 cores
-    python benchmarks/scheduler_sim.py --set dev    # development seeds 0-4
-    python benchmarks/scheduler_sim.py --first-seed 7 --seeds 2   # any other seeds
+    python -m benchmarks.studies.scheduler_sim            # report seeds 100-104, ~4 min, 2 cores
+    python -m benchmarks.studies.scheduler_sim --set dev  # development seeds 0-4
+    python -m benchmarks.studies.scheduler_sim --first-seed 7 --seeds 2   # any other seeds
 
 Prints, per scheduler configuration and simulator setting, the mean over seeds of: mean final
 eval accuracy, worst-domain final accuracy, mean of the 10 worst domains, the number of domains

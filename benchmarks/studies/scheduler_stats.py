@@ -1,12 +1,12 @@
 """The scheduler benchmark's statistics, recomputed from its committed per-run extract.
 
-``benchmarks/scheduler_real.json`` holds, per run, the raw extract (``runs``: per-sweep
+``benchmarks/studies/scheduler_real.json.gz`` holds, per run, the raw extract (``runs``: per-sweep
 per-domain scores with their standard errors and distinct-prompt counts, groups generated and
 trained per step, the guard's events) and the statistics computed from it (``stats``). This
 module is the one place those statistics are computed; run as a script it recomputes them from
 the extract alone and checks that they agree with the stored ones (exit 1 if not):
 
-    .venv/bin/python benchmarks/scheduler_stats.py [benchmarks/scheduler_real.json] [--write]
+    .venv/bin/python -m benchmarks.studies.scheduler_stats [PATH.json[.gz]] [--write]
 
 Definitions (docs/scheduler.md, "Pre-registration"):
 
@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.harness import read_text, write_text
 
 BASELINE = "uniform + filter"
 ORACLE = "oracle static mix"
@@ -313,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     write = "--write" in argv
     argv = [x for x in argv if x != "--write"]
-    path = Path(argv[0] if argv else Path(__file__).with_name("scheduler_real.json"))
-    doc = json.loads(path.read_text())
+    path = Path(argv[0] if argv else Path(__file__).with_name("scheduler_real.json.gz"))
+    doc = json.loads(read_text(path))
     bad = []
     for name, section in doc.get("sections", {}).items():
         again = json.loads(json.dumps(compute(section)))  # the same JSON round trip as stored
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + json.dumps(verdicts(again)))
         bad += [] if ok else [name]
     if write:
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        write_text(path, json.dumps(doc, indent=1) + "\n")
     return 1 if bad else 0
 
 

@@ -3,7 +3,7 @@ docs/scheduler.md ("Pre-registration") before any report run.
 
 Every arm trains the shipped base model (``models/tiny-base``) with the demo's RL settings on the
 same domains (``DOMAINS``, from domains/tiny_sched.py: frontier, saturated and near-impossible
-ones, each with >= 1,000 distinct prompts; ``benchmarks/scheduler_domains.py`` measured why),
+ones, each with >= 1,000 distinct prompts; ``scheduler_domains.py`` measured why),
 for the same steps, generating *and training* the same number of groups per step: every arm
 runs the zero-variance filter with ``oversample: 2`` and ``fill_batch`` (a short refill trains
 zero-variance groups, advantage 0, instead of fewer groups). Each run's own metrics are checked
@@ -15,8 +15,9 @@ The metric is the harness's (issue 21): per domain, sampled pass@1 at T = 1 over
 ``EVAL_PROMPTS`` distinct held-out prompts, 4 samples each (primary) and greedy accuracy on the
 same prompts (secondary); a run scores the mean over domains at its last sweep.
 
-Parts (``--part``; each merges its runs into ``benchmarks/scheduler_real.json`` and skips runs
-already there with the same settings, so parts can run apart):
+Parts (``--part``; each merges its runs into ``benchmarks/studies/scheduler_real.json.gz`` and
+skips runs already there with the same settings, so parts can run apart; how a run is run and
+stored: ``scheduler_runs.py``):
 
 * ``dev``: the oracle candidates (``ORACLE_CANDIDATES``) and the adaptive variants
   (``ADAPTIVE_VARIANTS``) on ``DEV_SEEDS``; picks nothing by itself (the choice is in the
@@ -25,7 +26,7 @@ already there with the same settings, so parts can run apart):
   ``REPORT_SEEDS``;
 * ``ablations``: the per-domain temperature ablation and the 4x over-sampling probe on
   ``ABLATION_SEEDS``;
-* ``seesaw``: the constructed pair (``benchmarks/scheduler_pair.py``);
+* ``seesaw``: the constructed pair (``scheduler_pair.py``);
 * ``room``: ``ROOM_ARM`` on D1's ``REPORT_SEEDS``, beside D1's stored baseline (fourth addendum);
 * with ``--set D2``: ``core`` (the headroom study and the adaptive arm on ``REPORT_SEEDS``),
   ``dev`` (the room-weighted variants, ``ROOM_VARIANTS``, on ``DEV_SEEDS``), ``confirm``
@@ -37,39 +38,41 @@ already there with the same settings, so parts can run apart):
 The JSON keeps, per section, each run's extract (per-sweep per-domain scores, standard errors
 and distinct-prompt counts; groups generated, trained and trained with signal per step; the
 guard's events; mean mix share and temperature per domain) and the statistics computed from it
-by ``benchmarks/scheduler_stats.py``, which recomputes and checks them from the extract alone.
+by ``scheduler_stats.py``, which recomputes and checks them from the extract alone.
 
-    .venv/bin/python benchmarks/scheduler_real.py --part core      # or dev / ablations / seesaw
-    .venv/bin/python benchmarks/scheduler_real.py --quick --out /tmp/q.json --run-dir /tmp/q
+    .venv/bin/python -m benchmarks.studies.scheduler_real --part core   # or dev / ablations / ...
+    .venv/bin/python -m benchmarks.studies.scheduler_real --quick --out /tmp/q.json --run-dir /tmp/q
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import shutil
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from benchmarks.harness import ROOT, read_text, stem
+from benchmarks.studies import scheduler_pair
+from benchmarks.studies import scheduler_stats as stats
+from benchmarks.studies.scheduler_runs import (
+    ABLATION_SEEDS,
+    BASE_MODEL,
+    BUDGET,
+    DEV_SEEDS,
+    PAIR_MODEL,
+    REPORT_SEEDS,
+    Arms,
+    even,
+    forget_changed,
+    run_arms,
+    section,
+    static,
+    subset_seeds,
+    write,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-import scheduler_stats as stats  # noqa: E402
-from scheduler_domains import rel  # noqa: E402
-
-CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-BASE_MODEL = ROOT / "models" / "tiny-base"
-PAIR_MODEL = ROOT / "models" / "tiny-seesaw-base"  # the seesaw pair's base (`make seesaw-base`)
 FRONTIER = ["tinysched/chain_sum_2digit", "tinysched/gcd_100", "tinysched/letters_3to5"]
 SATURATED = ["tinysched/letters_1word", "tinysched/letters_1to2"]
 IMPOSSIBLE = ["tinysched/products_2digit", "tinysched/spell_backward_4", "tinysched/arith_2digit"]
@@ -81,39 +84,11 @@ D2 = D2_FRONTIER + SATURATED + FRONTIER[:1] + IMPOSSIBLE
 D2 += [f"tinysched/{n}" for n in ("equations_50", "lcm_50", "spell_backward_6")]
 D2 += ["tinysched/chain_sum_3terms_2digit"]
 D2_PROMPTS = 4
-REPORT_SEEDS = (21, 22, 23, 24, 25, 26)  # fixed 2026-12-01 before any run; never tuned on
-ABLATION_SEEDS = REPORT_SEEDS[:3]  # ablations and the seesaw pair
-DEV_SEEDS = (1, 2)  # development: the oracle search and the adaptive options
 STEPS, PROMPTS, GROUP, EVAL_EVERY, EVAL_PROMPTS = 40, 8, 8, 10, 128
 # The learning rate is pinned, not taken from the demo config, which moved on (3e-4 -> 5e-4 ->
 # 1e-3 on 2026-12-02): the registered parts ran at 3e-4; the seesaw pair was built and run
-# at 1e-3 (the demo's on 2026-12-02 evening). Cosine to 2e-5 in both.
-LR, PAIR_LR, MIN_LR = 3e-4, 1e-3, 2e-5
-BUDGET = [
-    "scheduler.filter_zero_variance=true",
-    "scheduler.oversample=2.0",
-    "scheduler.fill_batch=true",
-]
-EVAL = [
-    "rl.eval_samples_per_prompt=4",
-    "rl.eval_temperature=1.0",
-    "rl.eval_greedy_also=true",
-    "rl.eval_train_prompts=0",
-]
-
-
-def static(weights: dict[str, float]) -> list[str]:
-    return [*BUDGET, "scheduler.policy=static", f"scheduler.weights={json.dumps(weights)}"]
-
-
-def even(domains: list[str]) -> dict[str, float]:
-    """Equal shares over ``domains`` that sum to exactly 1 in decimal."""
-    share = round(1.0 / len(domains), 6)
-    out = dict.fromkeys(domains, share)
-    out[domains[0]] = round(1.0 - share * (len(domains) - 1), 6)
-    return out
-
-
+# at 1e-3 (the demo's on 2026-12-02 evening). Cosine to 2e-5 in both (scheduler_runs.MIN_LR).
+LR, PAIR_LR = 3e-4, 1e-3
 ORACLE_CANDIDATES: dict[str, list[str]] = {  # static mixes tried on DEV_SEEDS
     "static: frontier only": static(even(FRONTIER)),
     "static: frontier + saturated": static(even(FRONTIER + SATURATED)),
@@ -135,7 +110,6 @@ ADAPTIVE_VARIANTS: dict[str, list[str]] = {  # options decided on DEV_SEEDS
     "adaptive + temperature controller": [*ADAPTIVE, *TEMPERATURE],
     "adaptive, no UCB": [*ADAPTIVE, "scheduler.learn_ucb=0"],
 }
-Arms = dict[str, list[str]]  # arm name -> config overrides on top of the demo config
 CORE: Arms = {
     stats.BASELINE: [*BUDGET, "scheduler.policy=uniform"],
     stats.ORACLE: ORACLE_CANDIDATES[ORACLE],
@@ -201,221 +175,6 @@ CONTRASTS = {  # reported in every section that has both arms
 }
 
 
-def slug(arm: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in arm).strip("_").replace("__", "_")
-
-
-def restrict(arm_cfg: list[str], domains: list[str]) -> list[str]:
-    """A static mix's weights on the domains of this run only (--quick runs fewer), renormalised
-    (even over the run's domains if none is left)."""
-    out = []
-    for o in arm_cfg:
-        if o.startswith("scheduler.weights="):
-            w = {k: v for k, v in json.loads(o.split("=", 1)[1]).items() if k in domains}
-            total = sum(w.values())
-            w = {k: v / total for k, v in w.items()} if total > 0 else even(domains)
-            o = f"scheduler.weights={json.dumps(w)}"
-        out.append(o)
-    return out
-
-
-def overrides(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> list[str]:
-    """Everything but the arm's scheduler settings is the same for every arm."""
-    return [
-        f"output_dir={a.run_dir}",
-        f"run_name={name}",
-        f"seed={seed}",
-        f"model.hf_path={a.model}",
-        f"domains.include={json.dumps(a.domains)}",
-        "domains.exclude=[]",
-        "domains.level=0",
-        f"train.steps={a.steps}",
-        f"train.lr={a.lr}",
-        f"train.min_lr={MIN_LR}",
-        "train.lr_schedule=cosine",
-        "train.threads=1",
-        "rl.off_policy=false",  # the pre-registered (on-policy) demo settings; main's demo is now
-        # off-policy (issue 25), which every report run here predates
-        f"rl.prompts_per_step={a.prompts}",
-        f"rl.group_size={a.group}",
-        f"rl.eval_every={a.eval_every}",
-        f"rl.eval_samples_per_domain={a.eval_n}",
-        *EVAL,
-        *(["rl.eval_samples_per_prompt=2"] if a.quick else []),
-        "checkpoint.every=0",
-        f"tracking.wandb={a.wandb}",
-        "tracking.progress=false",
-        *restrict(arm_cfg, a.domains),
-    ]
-
-
-def planned_groups(arms: Arms, a: argparse.Namespace) -> dict[str, int]:
-    """Generated groups per step of every arm, from its resolved config."""
-    from megatron_rl.config import load_config
-
-    out = {}
-    for arm, cfg_list in arms.items():
-        cfg = load_config(CONFIG, overrides(cfg_list, "plan", 0, a))
-        n, s = cfg.rl.prompts_per_step, cfg.scheduler
-        out[arm] = math.ceil(n * s.oversample) if s.filter_zero_variance else n
-    return out
-
-
-def run_one(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
-    cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG)]
-    cmd += overrides(arm_cfg, name, seed, a)
-    out = Path(a.run_dir) / name
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run: the CLI would resume an old one
-    out.mkdir(parents=True)
-    with (out / "bench_stdout.txt").open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = (out / "bench_stdout.txt").read_text()[-2000:]
-        raise RuntimeError(f"{name} failed (rc {proc.returncode}):\n{tail}")
-    return out
-
-
-def extract(run: Path, domains: list[str]) -> dict[str, Any]:
-    """What the statistics need of one run, from its own metrics.jsonl and events.jsonl."""
-    from megatron_rl.scheduler.curves import read_jsonl
-
-    rows = read_jsonl(run / "metrics.jsonl")
-    sweeps: dict[int, dict[str, dict[str, float]]] = {}
-    for r in rows:
-        if f"eval/{domains[0]}/accuracy" not in r:
-            continue
-        sweeps[int(r["step"])] = {
-            d: {
-                "primary": r[f"eval/{d}/accuracy"],
-                "primary_se": r.get(f"eval/{d}/stderr", math.nan),
-                "greedy": r.get(f"eval_greedy/{d}/accuracy", math.nan),
-                "greedy_se": r.get(f"eval_greedy/{d}/stderr", math.nan),
-                "distinct": r[f"eval/{d}/distinct"],
-            }
-            for d in domains
-        }
-    steps = [r for r in rows if "rollout/groups_trained" in r]
-    weight = {int(r["step"]): r for r in steps}
-    for s, sw in sweeps.items():  # the mix share the next steps were planned with
-        row = weight.get(min(s, max(weight, default=0)), {})
-        for d in domains:
-            sw[d]["share"] = row.get(f"sched/{d}/weight", math.nan)
-    summary = json.loads((run / "summary.json").read_text())
-    return {
-        "sweeps": [{"step": s, "domains": sweeps[s]} for s in sorted(sweeps)],
-        "groups_generated": [int(r["rollout/groups_generated"]) for r in steps],
-        "groups_trained": [int(r["rollout/groups_trained"]) for r in steps],
-        "groups_with_signal": [int(r["rollout/groups_trained_with_signal"]) for r in steps],
-        "share": mean_metric(steps, domains, "weight"),
-        "temperature": mean_metric(steps, domains, "temperature"),
-        "events": [
-            e
-            for e in read_jsonl(run / "events.jsonl")
-            if e.get("event") in ("regression", "recovery")
-        ],
-        "wall_s": float(summary["wall_s"]),
-    }
-
-
-def mean_metric(rows: list[dict[str, Any]], domains: list[str], name: str) -> dict[str, float]:
-    """Per domain, the run's mean of ``sched/<domain>/<name>`` over its steps."""
-    out = {}
-    for d in domains:
-        v = [r[f"sched/{d}/{name}"] for r in rows if f"sched/{d}/{name}" in r]
-        if v:
-            out[d] = float(np.mean(v))
-    return out
-
-
-def check_budget(name: str, ex: dict[str, Any], generated: int, trained: int) -> None:
-    """Every step of the run generated and trained what every arm plans (raises if not)."""
-    gen, tr = set(ex["groups_generated"]), set(ex["groups_trained"])
-    if gen != {generated} or tr != {trained}:
-        raise RuntimeError(
-            f"{name}: generated {sorted(gen)} / trained {sorted(tr)} groups per step, "
-            f"expected {generated} / {trained} at every step"
-        )
-
-
-def run_arms(
-    arms: Arms,
-    seeds: tuple[int, ...],
-    a: argparse.Namespace,
-    done: dict,
-    save: Callable[[], None] = lambda: None,
-) -> dict:
-    """Every (arm, seed) not already in ``done`` (arm -> seed -> extract), two at a time; each
-    run's extract is checked and added as soon as it finishes (then ``save()``)."""
-    planned = planned_groups(arms, a)
-    competing = {planned[arm] for arm in arms if arm != PROBE}
-    if len(competing) > 1:
-        raise ValueError(f"competing arms plan different groups per step: {planned}")
-    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in done.get(arm, {})]
-    lock, failed = threading.Lock(), []
-
-    def attempt(job: tuple[str, int]) -> None:
-        arm, s = job
-        try:
-            ex = extract(run_one(arms[arm], f"{slug(arm)}-s{s}", s, a), a.domains)
-            check_budget(f"{arm} seed {s}", ex, planned[arm], a.prompts)
-        except RuntimeError as e:  # the other runs go on; failures are raised at the end
-            print(e, file=sys.stderr, flush=True)
-            failed.append(f"{arm} seed {s}")
-            return
-        with lock:
-            done.setdefault(arm, {})[str(s)] = ex
-            save()
-
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(attempt, jobs))
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
-    return done
-
-
-def settings(a: argparse.Namespace) -> dict[str, Any]:
-    """What a section's runs share; a stored run is reused only under the same settings."""
-    keys = ("steps", "prompts", "group", "eval_every", "eval_n", "domains", "lr")
-    return {k: getattr(a, k) for k in keys} | {
-        "model": rel(a.model),  # inside the repository: the same in any checkout
-        "eval": EVAL,
-        "budget": BUDGET,
-    }
-
-
-def section(doc: dict[str, Any], name: str, a: argparse.Namespace) -> dict[str, Any]:
-    """The JSON section ``name``. A section whose stored runs were made under other settings is
-    refused, not emptied: its runs are results, and a new setting belongs in its own file."""
-    sec = doc.setdefault("sections", {}).setdefault(name, {})
-    now = json.loads(json.dumps(settings(a)))
-    if sec.get("settings") != now:
-        if sec.get("runs"):
-            old = sec.get("settings") or {}
-            diff = {k: (old.get(k), now.get(k)) for k in sorted(set(old) | set(now))}
-            diff = {k: v for k, v in diff.items() if v[0] != v[1]}
-            n = sum(len(r) for r in sec["runs"].values())
-            raise ValueError(
-                f"section {name!r} holds {n} runs made with other settings "
-                f"(stored, now: {diff}); run these settings with another --out"
-            )
-        sec.clear()
-        sec["settings"] = now
-    sec.setdefault("runs", {})
-    return sec
-
-
-def forget_changed(sec: dict[str, Any], arms: Arms) -> list[str]:
-    """Drop the stored runs of every arm whose config changed since they ran (a stored run is
-    reused only under the same arm config); returns the arms dropped."""
-    stored = sec.get("arms", {})
-    changed = [arm for arm in arms if arm in stored and stored[arm] != arms[arm]]
-    for arm in changed:
-        sec["runs"].pop(arm, None)
-        print(f"{arm}: its config changed since its stored runs; running it again", flush=True)
-    sec["arms"] = {**stored, **arms}
-    return changed
-
-
 def part_arms(part: str, domain_set: str = "D1") -> tuple[str, Arms, tuple[int, ...]]:
     """(JSON section, arms, seeds) of a part."""
     if domain_set == "D2":
@@ -474,17 +233,8 @@ def reuse(
                     sec.setdefault("reused", {}).setdefault(arm, {})[seed] = name
 
 
-def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, ...]:
-    """The part's seeds, or the subset ``--seeds`` names (the rest can run apart and merge)."""
-    if not only:
-        return seeds
-    if not set(only) <= set(seeds):
-        raise ValueError(f"--seeds {sorted(set(only) - set(seeds))} not among {list(seeds)}")
-    return tuple(s for s in seeds if s in only)
-
-
 def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from scheduler_report import draw, table
+    from benchmarks.studies.scheduler_report import draw, table
 
     name, arms, seeds = part_arms(part, a.set)
     if a.arms:  # a subset of the part's arms (the rest can run later; the JSON merges them)
@@ -495,7 +245,7 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     if a.quick:
         name, seeds = f"quick-{name}", DEV_SEEDS[:1]
     seeds = subset_seeds(seeds, a.seeds)
-    doc = json.loads(out.read_text()) if out.is_file() else {}
+    doc = json.loads(read_text(out)) if out.is_file() else {}
     sec = section(doc, name, a)
     looks = LOOKS.get(name.removeprefix("quick-"))
     if looks:
@@ -514,23 +264,15 @@ def run_part(part: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     kind = next((k for k in ("confirm", "replicate", "powered") if k in name), None)
     if kind or "report" in name:  # scheduler_real[_D2][_confirm|_replicate|_powered]_*.png
         suffix = ("" if a.set == "D1" else f"_{a.set}") + (f"_{kind}" if kind else "")
-        print("drew", *draw(sec, out.with_name(out.stem + suffix)))
+        print("drew", *draw(sec, out.with_name(stem(out) + suffix)))
     return sec
-
-
-def write(out: Path, doc: dict[str, Any]) -> None:
-    """The whole JSON, written atomically (a kill mid-write keeps the previous file)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
 
 
 def merge(out: Path, other: Path) -> None:
     """Add the runs of another benchmark JSON (written by a concurrent process) to ``out``,
     section by section (same settings required), and recompute the statistics."""
-    doc = json.loads(out.read_text()) if out.is_file() else {}
-    for name, sec in json.loads(other.read_text()).get("sections", {}).items():
+    doc = json.loads(read_text(out)) if out.is_file() else {}
+    for name, sec in json.loads(read_text(other)).get("sections", {}).items():
         mine = doc.setdefault("sections", {}).setdefault(name, {})
         if mine and mine.get("settings") != sec["settings"]:
             raise ValueError(f"section {name!r}: {other} was run with other settings")
@@ -568,7 +310,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", help="base model [tiny-base; --part seesaw: tiny-seesaw-base]")
     ap.add_argument("--lr", type=float, help=f"learning rate [{LR}; --part seesaw: {PAIR_LR}]")
     ap.add_argument("--wandb", default="auto", choices=["auto", "online", "offline", "disabled"])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "scheduler_real.json"))
+    ap.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "studies" / "scheduler_real.json.gz")
+    )
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench_scheduler"))
     ap.add_argument("--seesaw-png", default=str(ROOT / "docs" / "scheduler_seesaw.png"))
     ap.add_argument("--quick", action="store_true", help="3 steps, 3 domains, 1 dev seed")
@@ -585,7 +329,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         # the eval after step 0 would be logged at step 0, the start sweep's step
         a.steps, a.prompts, a.eval_every, a.eval_n = 3, 2, 2, 4
         a.domains = [FRONTIER[1], SATURATED[0], IMPOSSIBLE[0]]
-        a.seesaw_png = str(Path(a.out).with_name(f"{Path(a.out).stem}_seesaw.png"))
+        a.seesaw_png = str(Path(a.out).with_name(f"{stem(Path(a.out))}_seesaw.png"))
     return a
 
 
@@ -597,8 +341,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merged {a.merge} into {out}")
         return 0
     if a.part == "seesaw":
-        import scheduler_pair
-
         return scheduler_pair.main(a, out)
     run_part(a.part, a, out)
     print(f"wrote {out}")

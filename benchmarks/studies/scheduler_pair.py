@@ -16,7 +16,7 @@ Arms, on ``ABLATION_SEEDS``, the main benchmark's budget, sweeps every ``EVAL_EV
   score by ``BOOST`` while B is flagged). The adaptive scheduler on the pair alone does not make
   a seesaw: on development seed 1 it kept B's share at 0.42-0.63 and B rose (docs/scheduler.md),
   so the guard is tested where the mix does hurt B. ``B_SHARE``, ``BOOST`` and the sweep
-  interval were chosen on development seed 1 (``benchmarks/scheduler_pair_dev.json``): with B at
+  interval were chosen on development seed 1 (``scheduler_pair_dev.json``): with B at
   1/8 or 1/4 of the mix, or sweeps every 5 steps, B is at 0 before the guard can flag it twice,
   and a domain at pass rate 0 yields no GRPO signal to come back with.
 
@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import scheduler_real as sr
-import scheduler_stats as stats
+from benchmarks.harness import read_text
+from benchmarks.studies import scheduler_runs as sr
+from benchmarks.studies import scheduler_stats as stats
 
 PAIR = ("tinysched/gcd", "tinysched/gcd_plus_100")  # (A, B): B is the one that drops
 MODEL = sr.PAIR_MODEL  # `make seesaw-base`; the default --model of --part seesaw
@@ -62,13 +63,13 @@ def pair_args(a: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(a: argparse.Namespace, out: Path) -> int:
-    from scheduler_report import draw_seesaw
+    from benchmarks.studies.scheduler_report import draw_seesaw
 
     e = pair_args(a)
     dev = bool(a.seeds) and set(a.seeds) <= set(sr.DEV_SEEDS)  # development: its own section
     pool = sr.DEV_SEEDS[:1] if a.quick else sr.DEV_SEEDS if dev else sr.ABLATION_SEEDS
     seeds = sr.subset_seeds(pool, a.seeds)
-    doc = json.loads(out.read_text()) if out.is_file() else {}
+    doc = json.loads(read_text(out)) if out.is_file() else {}
     name = "quick-seesaw" if a.quick else "dev-seesaw" if dev else "seesaw"
     sec = sr.section(doc, name, e)
     arms = {k: v for k, v in ARMS.items() if not a.arms or k in a.arms}

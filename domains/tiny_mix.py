@@ -4,7 +4,7 @@ The demo's four ``tiny/*`` domains are too few, and too alike, for a mix to matt
 reasoning-gym generators at small configurations: variants of the generators the shipped base
 model was trained on (harder or easier than its training distribution) plus new generators it
 never saw. Only domains where the shipped base model has some signal (pass@8 at T=1 well above
-0, see ``benchmarks/tiny_headroom.py`` and docs/domains.md) are registered; the candidates
+0, see ``benchmarks/studies/tiny_headroom.py`` and docs/domains.md) are registered; the candidates
 that measured ~0 are kept in ``NEEDS_RETRAINING`` so they are not forgotten.
 
 The constructed interfering pair
@@ -78,8 +78,8 @@ SPECS: dict[str, tuple[str, list[dict[str, Any]], dict[str, Any]]] = {
     ),
 }
 LAST_DIGIT_OF = {"add_last_digit": "add"}  # constructed conflicting convention -> its partner
-# candidates without enough base-model signal (benchmarks/tiny_headroom.py, 48 held-out tasks,
-# seed 1, 2026-12-01): they need a base model trained on them (`make base-model`) first
+# candidates without enough base-model signal (benchmarks/studies/tiny_headroom.py, 48 held-out
+# tasks, seed 1, 2026-12-01): they need a base model trained on them (`make base-model`) first
 NEEDS_RETRAINING: dict[str, str] = {
     "products": "greedy 0.00, pass@8 0.06 (never trained on multiplication)",
     "spell_backward_3": "greedy 0.08, pass@8 0.04 (like tiny/spell_backward)",

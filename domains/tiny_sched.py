@@ -3,7 +3,7 @@
 Every (domain, level) here has a prompt space of at least 1,000 distinct prompts (so the
 held-out split has hundreds of distinct prompts and the training split cannot be memorised in a
 short run), and the set spans three learnability classes, measured on the shipped base model
-(``models/tiny-base``) by pass@k at T = 1 (``benchmarks/scheduler_domains.py``, which also
+(``models/tiny-base``) by pass@k at T = 1 (``benchmarks/studies/scheduler_domains.py``, which also
 estimates each prompt space):
 
 * frontier: the base model solves a task sometimes (pass@8 0.3-0.8): GRPO groups carry signal;

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.routing_replay import bf16_router, measure, pack_rollout
+from benchmarks.studies.routing_replay import bf16_router, measure, pack_rollout
 from megatron_rl.controller.batches import sample_routes
 from megatron_rl.controller.groups import Sample
 from megatron_rl.controller.shares import zero_batch

@@ -15,7 +15,8 @@ Used by the weight sync and by the checkpoint's HF export. No collective spans t
 
 Peak extra memory on a rank is therefore one gathered bucket (plus its HF copy) beside the rank's
 own shard; only global rank 0, the one process that writes or pushes, sees every bucket, and it
-can write or push each one before the next arrives. ``benchmarks/export_memory.py`` measures it.
+can write or push each one before the next arrives. ``benchmarks/studies/export_memory.py``
+measures it.
 """
 
 from __future__ import annotations

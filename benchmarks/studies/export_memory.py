@@ -1,8 +1,8 @@
 """Peak extra memory per rank of the HF weight export: streamed per PP stage vs a world gather.
 
-    torchrun --nproc_per_node 2 -m benchmarks.export_memory --method stream [--tp 2] \
+    torchrun --nproc_per_node 2 -m benchmarks.studies.export_memory --method stream [--tp 2] \
         [--bucket-mb 64] [--json OUT]
-    torchrun --nproc_per_node 2 -m benchmarks.export_memory --method world ...
+    torchrun --nproc_per_node 2 -m benchmarks.studies.export_memory --method world ...
 
 Each rank builds the policy (``tiny_model.SIZES['100m']`` shape by default: ~92M parameters,
 fp32, no optimizer) under TP=``--tp``, then exports it once:

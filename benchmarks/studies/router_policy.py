@@ -9,7 +9,7 @@ samples all landed on one server (a group's prompt is then prefilled once, not o
 server: the engine shares a prompt's KV cache within a batch), and the request split between
 the servers. The ratio of step times is what carries over; absolute times do not.
 
-    python -m benchmarks.router_policy [--reps 4] [--prompt-len 512] [--json OUT]
+    python -m benchmarks.studies.router_policy [--reps 4] [--prompt-len 512] [--json OUT]
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Rollout routing replay on CPU: the train/inference log-prob mismatch with and without replay.
 
-    python -m benchmarks.routing_replay [--model models/tiny-moe] [--prompts 16] [--json OUT]
+    python -m benchmarks.studies.routing_replay [--model models/tiny-moe] [--prompts 16] \
+        [--json OUT]
 
 The hf engine samples from the tiny MoE (``n=4`` per prompt, 24 new tokens, T=1) and returns
 the experts it chose; the trainer (the fp32 Megatron policy, local spec) scores the same tokens

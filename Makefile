@@ -1,9 +1,11 @@
 # The two commands of the README: `make demo` and `make test`. Both set up first (idempotent).
+# `make test-fast` is the quick loop while editing: lint and tests/unit only (no type check, no
+# tests/integration).
 VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base seesaw-base clean gpu-check gpu-wheels
+.PHONY: setup demo test test-fast lint typecheck unit unit-fast integration bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base seesaw-base clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -18,10 +20,21 @@ lint:
 typecheck:
 	$(BIN)/mypy
 
+# Tests: tests/unit (in-process and fast, ~1 min on 2 cores) and tests/integration (anything
+# that starts processes, servers, torchrun, Slurm or the sandbox, trains through the CLI, or is
+# slow). `unit` is every test, both folders in one pytest run: what `make test` (and CI) runs.
 unit:
 	$(BIN)/python -m pytest -q -ra
 
+unit-fast:
+	$(BIN)/python -m pytest -q -ra tests/unit
+
+integration:
+	$(BIN)/python -m pytest -q -ra tests/integration
+
 test: setup lint typecheck unit
+
+test-fast: setup lint unit-fast
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all

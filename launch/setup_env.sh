@@ -120,7 +120,7 @@ fi
 if ! have_cuda; then
   # SGLang's request dataclasses, as source only: sglang does not import beside the CPU torch
   # (its io_struct needs torchvision, whose PyPI build is a CUDA build), so
-  # tests/test_sglang_io_struct.py reads them from the pinned wheel (no install, ~39 MB once).
+  # tests/integration/test_sglang_io_struct.py reads them from the pinned wheel (no install, ~39 MB once).
   SGLANG_SRC_SPEC=${SGLANG_SRC_SPEC:-sglang==0.5.23}
   KEY="$SGLANG_SRC_SPEC"
   if stage sglang-src "$KEY"; then

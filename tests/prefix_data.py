@@ -1,5 +1,5 @@
-"""Shared-prefix test data and checks, used by tests/test_shared_prefix.py and the torchrun
-workers in tests/dist/ (which put tests/ on their path)."""
+"""Shared-prefix test data and checks, used by tests/unit/test_shared_prefix.py and the torchrun
+workers in tests/integration/dist/ (which put tests/ on their path)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ on both.
 
 Staleness: every patch names its target; :func:`check_targets` verifies each target module and
 attribute still exists and, for the replaced functions, that the signature still has the
-parameters we rely on. ``tests/test_compat.py`` runs it and fails loudly after an upgrade. The
+parameters we rely on. ``tests/unit/test_compat.py`` runs it and fails loudly after an upgrade. The
 end-to-end tests (PP=2, optimizer steps) exercise the patched paths for real.
 """
 

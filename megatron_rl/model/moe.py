@@ -24,7 +24,8 @@ every TP rank, and the combine's reduce-scatter hands each rank back the full ou
 forward is exact, but each routed expert's weights receive the gradient of every TP rank's
 copy of its tokens: ``tp`` times the true gradient (measured: the grad norm of EP=2 x TP=2 came
 out 21.10 against 17.50 at EP=1 before the fix). A hook on every routed expert parameter scales
-its gradient by ``1 / tp``; with it EP x TP equals EP=1 (``tests/dist/moe_equivalence.py``).
+its gradient by ``1 / tp``; with it EP x TP equals EP=1
+(``tests/integration/dist/moe_equivalence.py``).
 The cost is expert work repeated ``tp`` times.
 
 Routing replay (``rl.routing_replay: rollout``, arXiv 2510.11370 "Rollout Routing Replay"):

@@ -47,7 +47,9 @@ from typing import Any
 
 import jsonschema
 
-SGLANG_SOURCE = "sglang 0.5.23 io_struct.py / sampling_params.py (tests/test_sglang_io_struct.py)"
+SGLANG_SOURCE = (
+    "sglang 0.5.23 io_struct.py / sampling_params.py (tests/integration/test_sglang_io_struct.py)"
+)
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}

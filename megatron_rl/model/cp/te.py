@@ -14,7 +14,7 @@ not split: TP = 1 here; with TP the caller uses its vocab-parallel log-softmax),
 :func:`gather_token_logprobs` all-gathers them over the CP group into the project's alignment
 (``logprobs[t]`` scores ``tokens[t]``; 0 at sequence starts).
 
-Only runs with CUDA + TE; ``tests/test_cp_gpu.py`` checks it against CP = 1 on two GPUs.
+Only runs with CUDA + TE; ``tests/integration/test_cp_gpu.py`` checks it against CP = 1 on two GPUs.
 """
 
 from __future__ import annotations

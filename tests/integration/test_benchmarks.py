@@ -413,25 +413,6 @@ def test_every_benchmark_is_a_module_of_the_package() -> None:
         assert importlib.util.find_spec(bench.module) is not None, (name, bench.module)
 
 
-def test_benchmarks_edit_no_import_path_and_the_library_imports_none() -> None:
-    """Benchmarks and studies import as a package (no ``sys.path`` edits); the library
-    (megatron_rl, long_context, domains, launch) never imports benchmarks or a study."""
-    root = Path(__file__).resolve().parents[2]
-    edits = [p for p in (root / "benchmarks").rglob("*.py") if "sys.path" in p.read_text()]
-    assert edits == []
-    library = [p for d in ("megatron_rl", "long_context", "domains", "launch")
-               for p in (root / d).rglob("*.py")]  # fmt: skip
-    importers = [
-        p
-        for p in library
-        if any(
-            line.lstrip().startswith(("import benchmarks", "from benchmarks"))
-            for line in p.read_text().splitlines()
-        )
-    ]
-    assert library and importers == []
-
-
 def test_stored_results_may_be_gzip_and_rewrite_to_the_same_bytes(tmp_path: Path) -> None:
     """harness: a ``.gz`` result is stored gzip with time 0 (the same text, the same bytes) and
     read back as text; other names stay plain text. Stems drop ``.json`` and ``.json.gz``."""

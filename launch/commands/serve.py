@@ -26,7 +26,11 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launch.servers import Fleet
+    from megatron_rl.config import RunConfig
 
 HELP = "serve SGLang's native HTTP API (/generate, weights, health) on a local engine"
 
@@ -94,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def routed_experts(cfg: Any) -> bool:
+def routed_experts(cfg: RunConfig) -> bool:
     """Servers record the experts they route to (SGLang's ``--enable-return-routed-experts``)
     when the run replays them (``rl.routing_replay=rollout``) or the config asks."""
     return bool(cfg.rollout.return_routed_experts or cfg.rl.routing_replay == "rollout")
@@ -120,7 +124,7 @@ def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
     return engine
 
 
-def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
+def _serve_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> int:
     fleet = build_fleet(args, engine, cfg)
     with fleet:
         log.info("fleet ready: %s", fleet.write_manifest())
@@ -128,7 +132,7 @@ def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
     return 0
 
 
-def build_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> Any:
+def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
     """The :class:`launch.servers.Fleet` that ``--num-servers`` runs (not started)."""
     from launch.server_args import sglang_server_args
     from launch.servers import Fleet

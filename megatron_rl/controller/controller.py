@@ -105,7 +105,8 @@ class Controller:
         if not kept:
             self.rt.tracker.event(step, "empty_batch", groups=len(groups))
         self.groups = groups
-        return shares, global_normalizer(shares, cfg.rl.loss_agg, drgrpo_constant(cfg)), metrics
+        constant = drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
+        return shares, global_normalizer(shares, cfg.rl.loss_agg, constant), metrics
 
     def sync(self, hf_sd: dict[str, Any], optimizer_steps: int) -> dict[str, float]:
         """Push the weights after ``optimizer_steps`` steps to the engine (after a prefetched
@@ -121,13 +122,13 @@ class Controller:
         return run_eval(rt, self.engine, self.evals, sched, step, self.monitor, with_train)
 
     def level_sweep(self) -> dict[str, Any]:
-        """Held-out scores per level of ``rl.eval_levels`` (empty without it)."""
+        """Held-out scores per level of ``eval.levels`` (empty without it)."""
         cfg = self.cfg
-        if not cfg.rl.eval_levels:
+        if not cfg.eval.levels:
             return {}
         return level_eval.level_sweep(
-            self.engine, self.rt.tokenizer, self.domains, cfg.rl.eval_levels,
-            cfg.rl.eval_samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
+            self.engine, self.rt.tokenizer, self.domains, cfg.eval.levels,
+            cfg.eval.samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
         )  # fmt: skip
 
     def end_step(self, step: int, metrics: dict[str, float], t: Timer) -> Timer:
@@ -136,7 +137,8 @@ class Controller:
         Returns the next step's Timer, started when this step's metrics were taken: the logging
         here (and the loop's checkpoint) count in the next row as ``time/log_s``.
         """
-        if eval_due(self.cfg, step):  # the loop synced the weights before it
+        # the loop synced the weights before a periodic eval
+        if eval_due(self.cfg.eval, step, self.cfg.train.steps):
             with t("eval"):
                 self.producer.wait()  # never share the engine with a prefetching thread
                 metrics.update(self.evaluate(step)["metrics"])

@@ -55,21 +55,15 @@ value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import get_args
 
 import torch
 from torch import Tensor
 
 from megatron_rl.packing.batch import PackedBatch, to_padded
+from megatron_rl.train.config import KLEstimator, LossAgg, RLConfig
 
-if TYPE_CHECKING:
-    from megatron_rl.train.config import RLConfig
-
-LossAgg = Literal[
-    "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
-]
-LOSS_AGGS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
+LOSS_AGGS = list(get_args(LossAgg))
 K3_CLAMP = 10.0  # upper bound of the per-token k3 estimate (nats), as verl's low_var_kl
 
 
@@ -279,13 +273,14 @@ def global_normalizer(
     return step_normalizer(masks, agg, constant)  # type: ignore[arg-type]
 
 
-def drgrpo_constant(cfg: Any) -> float:
+def drgrpo_constant(rl: RLConfig, max_new_tokens: int) -> float:
     """Dr.GRPO's fixed normaliser: max response tokens x sequences a step is configured for.
 
     Liu et al. 2025 divide each sequence's token sum by a constant (the generation budget) and
     average over the batch; with a fixed batch of ``prompts_per_step * group_size`` sequences
     that is one constant for every step, whatever the filter kept or the samples' lengths.
+    ``max_new_tokens``: the engine's budget (``rollout.max_new_tokens``), used when
+    ``rl.max_response_tokens`` is 0.
     """
-    rl = cfg.rl
-    tokens = rl.max_response_tokens or cfg.rollout.max_new_tokens
+    tokens = rl.max_response_tokens or max_new_tokens
     return float(tokens * rl.prompts_per_step * rl.group_size)

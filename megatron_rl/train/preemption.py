@@ -6,6 +6,8 @@ import logging
 import signal
 from typing import Any
 
+from megatron_rl.train.config import CheckpointConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -31,10 +33,10 @@ GRACE_SHARE = 0.75  # a step plus its checkpoint must fit in this share of the g
 _warned_grace: set[int] = set()
 
 
-def outlasts_grace(cfg: Any, step_s: float, ckpt_s: float, step: int) -> bool:
+def outlasts_grace(ckpt: CheckpointConfig, step_s: float, ckpt_s: float, step: int) -> bool:
     """This step plus a checkpoint takes longer than ``checkpoint.preempt_grace_s`` allows:
     a signal in the next step could not be answered with a checkpoint before the kill."""
-    grace = cfg.checkpoint.preempt_grace_s
+    grace = ckpt.preempt_grace_s
     if not grace or step_s + ckpt_s <= GRACE_SHARE * grace:
         return False
     if not _warned_grace:

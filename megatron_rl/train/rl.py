@@ -82,7 +82,8 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket;
         # also before an eval and after the last step, so evals score the current weights
         last = step == cfg.train.steps - 1
-        if (step + 1) % cfg.rollout.sync_every == 0 or eval_due(cfg, step) or last:
+        evals = eval_due(cfg.eval, step, cfg.train.steps)
+        if (step + 1) % cfg.rollout.sync_every == 0 or evals or last:
             with t("sync"):
                 sd = rt.policy.hf_state_dict()
                 if ctl:
@@ -95,7 +96,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
         # a step too long to finish between a signal and the kill: keep a checkpoint per step
-        unsafe = agree_any(outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
+        unsafe = agree_any(outlasts_grace(cfg.checkpoint, time.time() - t.start, ckpt_s, step))
         if last or stopping or every or unsafe:
             with carry("checkpoint"):
                 t_ckpt = time.time()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,10 +33,15 @@ from megatron_rl.train.losses import (
 )
 from megatron_rl.train.optim import lr_at
 
+if TYPE_CHECKING:
+    from megatron_rl.config import RunConfig
+    from megatron_rl.model.policy import Policy
+    from megatron_rl.train.config import RLConfig
+
 
 def train_step(
-    policy: Any,
-    cfg: Any,
+    policy: Policy,
+    cfg: RunConfig,
     batches: list[PackedBatch],
     step: int,
     ref_logprobs: list[torch.Tensor] | None = None,
@@ -54,7 +59,8 @@ def train_step(
     dp = policy.dist.dp
     norm = normalizer
     if norm is None:
-        norm = global_normalizer([batches], rl.loss_agg, drgrpo_constant(cfg))
+        constant = drgrpo_constant(rl, cfg.rollout.max_new_tokens)
+        norm = global_normalizer([batches], rl.loss_agg, constant)
     for b, ref in zip(batches, ref_logprobs or [], strict=False):
         b.extras["ref_lp"] = ref.detach().float()  # travels with the batch to the last stage
 
@@ -124,7 +130,7 @@ def train_step(
     return metrics
 
 
-def _compare_replay(rl: Any, batches: list[PackedBatch], step: int) -> bool:
+def _compare_replay(rl: RLConfig, batches: list[PackedBatch], step: int) -> bool:
     """Measure the mismatch without routing replay this step (every rank decides alike)."""
     every = rl.replay_mismatch_every
     replayed = bool(batches) and ROUTES_KEY in batches[0].extras

@@ -241,7 +241,7 @@ def megatron_policy_check(ctx: Ctx) -> dict[str, Any]:
     from megatron_rl.train.config import TrainConfig
 
     _, cfg = hf_io.load_hf_config(str(ctx.model))
-    dist = init_distributed(ParallelConfig(), 0, cfg)
+    dist = init_distributed(ParallelConfig(), 0)
     pol = Policy(cfg, dist, TrainConfig())
     sd, _ = hf_io.load_hf(str(ctx.model))
     pol.load_hf_state_dict(sd)
@@ -278,7 +278,7 @@ def _policy(model_dir: Path, te: bool, train: Any = None) -> Any:
 
     _, hf_cfg = hf_io.load_hf_config(str(model_dir))
     cfg = dataclasses.replace(hf_cfg, dtype="bfloat16")
-    dist = init_distributed(ParallelConfig(), 0, cfg)
+    dist = init_distributed(ParallelConfig(), 0)
     real = gpt.use_te_spec
     gpt.use_te_spec = policy.use_te_spec = (lambda: True) if te else (lambda: False)  # type: ignore[attr-defined]
     try:

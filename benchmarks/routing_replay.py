@@ -125,7 +125,7 @@ def main() -> None:
     from megatron_rl.model.policy import Policy
 
     sd, cfg = hf_io.load_hf(a.model)
-    policy = Policy(cfg, init_distributed(ParallelConfig(), seed=0, model=cfg))
+    policy = Policy(cfg, init_distributed(ParallelConfig(), seed=0))
     policy.load_hf_state_dict(sd)
     results = {s: measure(policy, rollout(a.model, s, a.prompts))
                for s in ("fp32", "bf16_router", "bf16")}  # fmt: skip

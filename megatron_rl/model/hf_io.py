@@ -167,6 +167,12 @@ def _weight_files(d: Path) -> list[Path]:
 def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelConfig]:
     """Read an HF checkpoint: ``(state_dict, ModelConfig)``, tensors validated."""
     _, cfg = load_hf_config(hf_dir)
+    return load_hf_weights(hf_dir, cfg), cfg
+
+
+def load_hf_weights(hf_dir: str | os.PathLike[str], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The state dict of an HF checkpoint whose ``config.json`` was read already (``cfg``: its
+    architecture), tensors validated against ``cfg``."""
     files = _weight_files(Path(hf_dir))
     sd: dict[str, Tensor] = {}
     for f in files:
@@ -175,7 +181,7 @@ def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelCon
     check_hf_state_dict(sd, cfg, where)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
-    return sd, cfg
+    return sd
 
 
 def group_by_bytes(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:

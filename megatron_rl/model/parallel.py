@@ -7,11 +7,14 @@
 * under ``torchrun`` (or Slurm's ``srun`` exporting the same variables): the usual env:// init;
 * a second call in the same process: returns the existing layout (idempotent).
 
-The layout is validated before any process group exists, with one ``ValueError`` line naming what
-is wrong and what is allowed (TP must divide the heads, PP the layers, ...), so a bad config never
-surfaces as a traceback from inside megatron-core. Data parallelism takes whatever is left:
-``dp = world / (tp * pp * cp)``; a mixture-of-experts model's experts are split on their own grid
-over the same processes (``ep`` x ``etp`` per PP stage, replicated over what is left).
+The layout is validated once, at start-up and before any process group exists, by
+:func:`validate_layout` (``train/preflight.py`` for a run, ``megatron-rl submit`` for a job's
+trainer world), with one ``ValueError`` line naming what is wrong and what is allowed (TP must
+divide the heads, PP the layers, ...), so a bad config never surfaces as a traceback from inside
+megatron-core; :func:`init_distributed` takes a layout that passed it. Data parallelism takes
+whatever is left: ``dp = world / (tp * pp * cp)``; a mixture-of-experts model's experts are split
+on their own grid over the same processes (``ep`` x ``etp`` per PP stage, replicated over what is
+left).
 On CPU the backend is gloo and the compat layer is applied.
 """
 
@@ -171,12 +174,10 @@ def _init_process_group(backend: str) -> None:
         dist.init_process_group(backend)
 
 
-def init_distributed(
-    parallel: ParallelConfig, seed: int, model: ModelConfig | None = None
-) -> DistInfo:
+def init_distributed(parallel: ParallelConfig, seed: int) -> DistInfo:
     """Initialise torch.distributed and Megatron's parallel state; idempotent.
 
-    ``model`` (optional) lets the layout check cover heads / query groups / layers.
+    ``parallel`` must fit the world and the model (:func:`validate_layout`, run at start-up).
     """
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
@@ -197,11 +198,7 @@ def init_distributed(
                 f"asking for tp={parallel.tp} pp={parallel.pp} cp={parallel.cp} ep={parallel.ep} "
                 f"etp={parallel.expert_tp}"
             )
-        if model is not None:
-            validate_layout(parallel, info.world_size, model)
         return info
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    validate_layout(parallel, world, model)
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

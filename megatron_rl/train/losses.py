@@ -55,6 +55,7 @@ value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import get_args
 
 import torch
@@ -142,18 +143,31 @@ def _per_token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     return advantages
 
 
-def mismatch_metrics(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Train/inference mismatch over response tokens: mean and max |logp_train - logp_rollout|.
+@dataclass(frozen=True)
+class Mismatch:
+    """The train/inference mismatch |logp_trainer - logp_engine| over some tokens, in nats.
 
-    ``trainer_logp`` is pi_old from the trainer right after a weight sync, ``rollout_logp``
-    what the engine returned for the same tokens; [B, T] each. Keys ``mismatch/mean_abs``,
-    ``mismatch/max_abs``.
+    Sums and token counts add, maxima max, over micro-batches and data-parallel ranks; the mean
+    is taken last (``mismatch/logp_abs_mean`` = summed ``sum`` / summed ``tokens``).
     """
-    diff = (trainer_logp.detach() - rollout_logp.detach()).abs().float()
-    on = mask.bool()
-    if not on.any():
-        return {"mismatch/mean_abs": 0.0, "mismatch/max_abs": 0.0}
-    return {"mismatch/mean_abs": float(diff[on].mean()), "mismatch/max_abs": float(diff[on].max())}
+
+    sum: float  # summed over the tokens
+    max: float  # the largest (0 without tokens)
+    tokens: float  # tokens counted
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.tokens if self.tokens else 0.0
+
+
+def logp_mismatch(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Mismatch:
+    """|logp_trainer - logp_engine| on the tokens where ``mask`` is 1 (the sampled response
+    tokens). ``trainer_logp``: the trainer's log-probs (detached here), ``rollout_logp``: what
+    the engine returned for the same tokens, ``mask``: 0/1; one shape, packed [T] or padded
+    [B, T]."""
+    diff = (trainer_logp.detach() - rollout_logp.detach()).abs() * mask
+    most = float(diff.max()) if diff.numel() else 0.0
+    return Mismatch(sum=float(diff.sum()), max=most, tokens=float(mask.sum()))
 
 
 def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:

@@ -29,6 +29,7 @@ from megatron_rl.train.data_plane import dp_reduce
 from megatron_rl.train.losses import (
     drgrpo_constant,
     global_normalizer,
+    logp_mismatch,
     rl_loss,
 )
 from megatron_rl.train.optim import lr_at
@@ -82,10 +83,8 @@ def train_step(
             ref_logp=pad(ref) if ref is not None else None,
             entropy=pad(ent) if ent is not None else None,
         )
-        diff = (logp.detach() - b.extras["rollout_lp"]).abs() * b.loss_mask
-        m["mismatch_sum"] = float(diff.sum())
-        m["mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
-        m["tokens"] = float(b.loss_mask.sum())
+        mm = logp_mismatch(logp, b.extras["rollout_lp"], b.loss_mask)
+        m["mismatch_sum"], m["mismatch_max"], m["tokens"] = mm.sum, mm.max, mm.tokens
         return loss * dp, m
 
     t0 = time.time()
@@ -143,9 +142,8 @@ def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[st
             for b in batches]  # fmt: skip
     total, most = 0.0, 0.0
     for b, (lp, _) in zip(batches, policy.token_logprobs(free), strict=True):
-        diff = (lp - b.extras["rollout_lp"]).abs() * b.loss_mask
-        total += float(diff.sum())
-        most = max(most, float(diff.max()) if diff.numel() else 0.0)
+        mm = logp_mismatch(lp, b.extras["rollout_lp"], b.loss_mask)
+        total, most = total + mm.sum, max(most, mm.max)
     return {"sum": total, "max": most}
 
 

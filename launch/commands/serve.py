@@ -47,16 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="run config YAML (its rollout section)")
     parser.add_argument("--seed", type=int, default=None, help="engine seed (default: config's)")
     parser.add_argument(
-        "--enable-deterministic-inference", action="store_true",
+        "--enable-deterministic-inference",
+        action="store_true",
         help="honour each request's sampling_seed (default: rollout.sglang.deterministic)",
-    )  # fmt: skip
+    )
     fleet = parser.add_argument_group("fleet mode (several servers + router on this node)")
     fleet.add_argument("--num-servers", type=int, default=None, help="servers on this node")
     fleet.add_argument("--gpus-per-server", type=int, default=0, help="GPUs each (0: CPU)")
     fleet.add_argument(
-        "--gpu-ids", default=None,
+        "--gpu-ids",
+        default=None,
         help="positions among the step's visible GPUs to use, e.g. 4,5,6,7 (default: all)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
         "--node-index", type=int, default=0, help="this rollout node's index (distinct seeds)"
     )
@@ -65,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
     fleet.add_argument("--health-timeout", type=float, default=300.0, help="seconds per server")
     fleet.add_argument(
-        "--wait-workers", type=int, default=None,
+        "--wait-workers",
+        type=int,
+        default=None,
         help="with --router-url only: wait until the router lists this many healthy servers",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.dtype=float32")
 
 
@@ -90,11 +94,14 @@ def main(args: argparse.Namespace) -> int:
     engine_cfg = replace(cfg.rollout, engine=engine, return_routed_experts=routed_experts(cfg))
     sg = cfg.rollout.sglang
     serve(
-        build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
-        args.host, args.port, max_batch=cfg.rollout.max_batch,
+        build_engine(engine_cfg, args.model, seed),
+        str(Path(args.model).resolve()),
+        args.host,
+        args.port,
+        max_batch=cfg.rollout.max_batch,
         deterministic=args.enable_deterministic_inference or sg.deterministic,
         bucket_timeout_s=sg.bucket_timeout_s,
-    )  # fmt: skip
+    )
     return 0
 
 

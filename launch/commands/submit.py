@@ -108,8 +108,10 @@ def check_trainer_layout(cfg: RunConfig, slurm: SlurmConfig) -> None:
     try:
         validate_layout(cfg.parallel, world, model, gpu=slurm.gpus_per_node > 0)
     except ValueError as e:
-        raise ValueError(f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
-                         f"{slurm.trainer_procs()} rank(s))") from None  # fmt: skip
+        raise ValueError(
+            f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
+            f"{slurm.trainer_procs()} rank(s))"
+        ) from None
 
 
 def render_sbatch(

@@ -48,8 +48,9 @@ class Controller:
         )
         if not self.domains:
             raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
-        infos = [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags))
-                 for d in self.domains.values()]  # fmt: skip
+        infos = [
+            DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in self.domains.values()
+        ]
         self.sched = DomainScheduler(cfg.scheduler, infos, cfg.seed)
         state = dict(rt.resumed_state)
         if state:
@@ -92,14 +93,23 @@ class Controller:
         penalty = None
         if cfg.rl.kl_in_reward and self.ref is not None and kept:
             penalty, kl_stats = kl_reward_penalties(
-                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens,
-                self.shared_prefix,
-            )  # fmt: skip
+                self.ref,
+                groups,
+                kept,
+                cfg.rl,
+                budget=cfg.train.logprob_micro_batch_tokens,
+                shared_prefix=self.shared_prefix,
+            )
             metrics.update(kl_stats)
         shares, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp,
-            penalty, self.shared_prefix,
-        )  # fmt: skip
+            groups,
+            kept,
+            estimator=cfg.rl.advantage,
+            budget=cfg.train.micro_batch_tokens,
+            dp=self.rt.dist.dp,
+            reward_penalty=penalty,
+            shared_prefix=self.shared_prefix,
+        )
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:
@@ -127,9 +137,15 @@ class Controller:
         if not cfg.eval.levels:
             return {}
         return level_eval.level_sweep(
-            self.engine, self.rt.tokenizer, self.domains, cfg.eval.levels,
-            cfg.eval.samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
-        )  # fmt: skip
+            self.engine,
+            self.rt.tokenizer,
+            self.domains,
+            cfg.eval.levels,
+            n=cfg.eval.samples_per_level,
+            seed=cfg.seed,
+            max_tokens=cfg.rollout.max_new_tokens,
+            stop=cfg.rollout.stop,
+        )
 
     def end_step(self, step: int, metrics: dict[str, float], t: Timer) -> Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
@@ -166,8 +182,7 @@ class Controller:
         """Final eval and summary (or the preemption record); shuts the engine down."""
         self.producer.close()
         if preempted_at is not None:
-            return finish(self.rt, self.engine, {"completed": False,
-                                                         "preempted_at": preempted_at})  # fmt: skip
+            return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})
         steps = self.cfg.train.steps
         after = self.evaluate(steps, with_train=True)
         summary = summarize(self.rt, self.eval_before, after, time.time() - self.wall0, steps)

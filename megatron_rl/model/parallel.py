@@ -55,8 +55,15 @@ class DistInfo:
 
     def shard(self) -> dict[str, int]:
         """This rank's coordinates as ``convert.hf_to_megatron_rank`` takes them."""
-        return dict(tp=self.tp, tp_rank=self.tp_rank, pp=self.pp, pp_rank=self.pp_rank,
-                    ep=self.ep, ep_rank=self.ep_rank, etp=self.etp)  # fmt: skip
+        return dict(
+            tp=self.tp,
+            tp_rank=self.tp_rank,
+            pp=self.pp,
+            pp_rank=self.pp_rank,
+            ep=self.ep,
+            ep_rank=self.ep_rank,
+            etp=self.etp,
+        )
 
     @property
     def is_first_stage(self) -> bool:
@@ -142,25 +149,36 @@ def _validate_experts(parallel: ParallelConfig, world_size: int, model: ModelCon
     ep, etp, pp = parallel.ep, parallel.expert_tp, parallel.pp
     if not model.is_moe:
         if ep > 1:
-            raise ValueError(f"parallel.ep={ep} needs a mixture-of-experts model; model.arch="
-                             f"{model.arch} is dense, use parallel.ep=1")  # fmt: skip
+            raise ValueError(
+                f"parallel.ep={ep} needs a mixture-of-experts model; model.arch="
+                f"{model.arch} is dense, use parallel.ep=1"
+            )
         return
     if model.moe.num_experts % ep:
-        raise ValueError(f"parallel.ep={ep} must divide model.moe.num_experts="
-                         f"{model.moe.num_experts}")  # fmt: skip
+        raise ValueError(
+            f"parallel.ep={ep} must divide model.moe.num_experts={model.moe.num_experts}"
+        )
     if world_size % (ep * etp * pp):
-        raise ValueError(f"world size {world_size} is not divisible by parallel.ep * etp * pp = "
-                         f"{ep} * {etp} * {pp} = {ep * etp * pp}; choose sizes whose product "
-                         "divides it")  # fmt: skip
+        raise ValueError(
+            f"world size {world_size} is not divisible by parallel.ep * etp * pp = "
+            f"{ep} * {etp} * {pp} = {ep * etp * pp}; choose sizes whose product "
+            "divides it"
+        )
     if model.moe.ffn_hidden_size % etp:
-        raise ValueError(f"the expert tensor-parallel degree {etp} (parallel.etp) must divide "
-                         f"model.moe.ffn_hidden_size={model.moe.ffn_hidden_size}")  # fmt: skip
+        raise ValueError(
+            f"the expert tensor-parallel degree {etp} (parallel.etp) must divide "
+            f"model.moe.ffn_hidden_size={model.moe.ffn_hidden_size}"
+        )
     if parallel.cp > 1:
-        raise ValueError(f"parallel.cp={parallel.cp} with a mixture-of-experts model is not "
-                         "supported yet; use parallel.cp=1")  # fmt: skip
+        raise ValueError(
+            f"parallel.cp={parallel.cp} with a mixture-of-experts model is not "
+            "supported yet; use parallel.cp=1"
+        )
     if model.moe.dispatcher == "allgather" and pp > 1:
-        raise ValueError("model.moe.dispatcher=allgather does not take variable sequence "
-                         f"lengths, which parallel.pp={pp} needs; use alltoall")  # fmt: skip
+        raise ValueError(
+            "model.moe.dispatcher=allgather does not take variable sequence "
+            f"lengths, which parallel.pp={pp} needs; use alltoall"
+        )
 
 
 def _init_process_group(backend: str) -> None:

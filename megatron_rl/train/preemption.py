@@ -43,7 +43,11 @@ def outlasts_grace(ckpt: CheckpointConfig, step_s: float, ckpt_s: float, step: i
         log.warning(
             "step %d took %.1f s (+ %.1f s checkpoint), more than %.0f%% of "
             "checkpoint.preempt_grace_s=%.0f: checkpointing every step while that lasts",
-            step, step_s, ckpt_s, 100 * GRACE_SHARE, grace,
-        )  # fmt: skip
+            step,
+            step_s,
+            ckpt_s,
+            100 * GRACE_SHARE,
+            grace,
+        )
         _warned_grace.add(step)
     return True

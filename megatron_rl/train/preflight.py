@@ -156,15 +156,19 @@ def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
             f"model.arch={model.arch} is dense: use rl.routing_replay=off"
         )
     if cfg.model.recompute != "none":
-        raise ValueError(f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
-                         "not supported (the recomputed forward would route freely); use "
-                         "model.recompute=none")  # fmt: skip
+        raise ValueError(
+            f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
+            "not supported (the recomputed forward would route freely); use "
+            "model.recompute=none"
+        )
     import torch
 
     if cfg.rollout.engine == "vllm" and not torch.cuda.is_available():
-        raise ValueError("rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
-                         "returns routed experts only from its V2 model runner, which needs "
-                         "Triton; use rollout.engine=hf on CPU")  # fmt: skip
+        raise ValueError(
+            "rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
+            "returns routed experts only from its V2 model runner, which needs "
+            "Triton; use rollout.engine=hf on CPU"
+        )
 
 
 def check_domains(cfg: RunConfig, scheduler: bool) -> None:

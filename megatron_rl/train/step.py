@@ -138,8 +138,9 @@ def _compare_replay(rl: RLConfig, batches: list[PackedBatch], step: int) -> bool
 
 def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[str, float]:
     """|logp_trainer - logp_engine| on trained tokens with the trainer routing freely: sum, max."""
-    free = [replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY})
-            for b in batches]  # fmt: skip
+    free = [
+        replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY}) for b in batches
+    ]
     total, most = 0.0, 0.0
     for b, (lp, _) in zip(batches, policy.token_logprobs(free), strict=True):
         mm = logp_mismatch(lp, b.extras["rollout_lp"], b.loss_mask)

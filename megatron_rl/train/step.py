@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -136,7 +136,7 @@ def _compare_replay(rl: RLConfig, batches: list[PackedBatch], step: int) -> bool
     return replayed and every > 0 and step % every == 0
 
 
-def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[str, float]:
+def _mismatch_without_replay(policy: Policy, batches: list[PackedBatch]) -> dict[str, float]:
     """|logp_trainer - logp_engine| on trained tokens with the trainer routing freely: sum, max."""
     free = [
         replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY}) for b in batches
@@ -148,7 +148,7 @@ def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[st
     return {"sum": total, "max": most}
 
 
-def _skip(policy: Any) -> dict[str, float]:
+def _skip(policy: Policy) -> dict[str, float]:
     """A NaN/inf loss: drop this step's gradients, keep the weights, count it."""
     policy.zero_grad()
     return {"grad_norm": float("nan"), "lr": 0.0, "skipped": 1.0}

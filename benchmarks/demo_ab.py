@@ -46,8 +46,8 @@ def run(tree: Path, out: Path, name: str, a: argparse.Namespace, extra: list[str
     """One training run with the code in ``tree``; response tokens per second, by measure."""
     cmd = [sys.executable, "-m", "launch.cli", "train", str(PINNED),
            f"output_dir={out}", f"run_name={name}", f"train.steps={a.steps}",
-           f"model.hf_path={ROOT / 'models' / 'tiny-base'}", "rl.eval_every=0",
-           "rl.eval_samples_per_domain=8", "tracking.wandb=disabled", "tracking.progress=false",
+           f"model.hf_path={ROOT / 'models' / 'tiny-base'}", "eval.every=0",
+           "eval.samples_per_domain=8", "tracking.wandb=disabled", "tracking.progress=false",
            *a.override, *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)

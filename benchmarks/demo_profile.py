@@ -167,7 +167,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(a.config, [
             f"output_dir={tmp}", "run_name=profile", f"train.steps={a.steps}", "train.threads=1",
-            "rl.eval_every=0", "rl.eval_samples_per_domain=4", "checkpoint.every=0",
+            "eval.every=0", "eval.samples_per_domain=4", "checkpoint.every=0",
             "tracking.wandb=disabled", "tracking.progress=false", *a.override,
         ])  # fmt: skip
         rl.train_rl(cfg)

@@ -86,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
         [f"parallel.cp={args.cp}", f"model.hf_path={MODEL}", "parallel.cp_min_tokens=0"],
     )
     sd, model_cfg = hf_io.load_hf(cfg.model.hf_path or "")
-    info = init_distributed(cfg.parallel, cfg.seed, model_cfg)
+    info = init_distributed(cfg.parallel, cfg.seed)
     policy = Policy(model_cfg, info, cfg.train)
     policy.load_hf_state_dict(sd)
     if args.cp == 1 and args.kernel == "cp":

@@ -47,7 +47,7 @@ def one_point(length: int, recompute: str, threads: int) -> dict[str, float]:
 
     torch.set_num_threads(threads)
     cfg = ModelConfig(recompute=recompute, max_position_embeddings=max(2048, length))  # type: ignore[arg-type]
-    info = init_distributed(ParallelConfig(), seed=0, model=cfg)
+    info = init_distributed(ParallelConfig(), seed=0)
     policy = Policy(cfg, info, TrainConfig())
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(cfg.vocab_size, (length,), generator=g).tolist()

@@ -84,7 +84,7 @@ def main() -> int:
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
 
     cfg = ModelConfig()
-    init_distributed(ParallelConfig(), seed=args.seed, model=cfg)
+    init_distributed(ParallelConfig(), seed=args.seed)
     model = build_gpt_model(cfg, pre_process=True, post_process=True)
     lengths = long_tail_lengths(args.seqs, args.seed, cap=args.max_len)
     rng = random.Random(args.seed)

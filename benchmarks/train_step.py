@@ -110,7 +110,7 @@ def time_training(
     from megatron_rl.model.policy import Policy
     from megatron_rl.train.config import TrainConfig
 
-    info = init_distributed(ParallelConfig(), seed=0, model=cfg)
+    info = init_distributed(ParallelConfig(), seed=0)
     policy = Policy(cfg, info, TrainConfig(lr=lr))
     batches = make_batches(cfg, args.seqs, args.seq_len, args.micro_batch_tokens)
     total_tokens = sum(b.num_tokens for b in batches)

@@ -44,7 +44,7 @@ def build_policy(model_dir: Path) -> Any:
 
     _, mcfg = hf_io.load_hf_config(str(model_dir))
     mcfg = replace(mcfg, hf_path=str(model_dir))
-    info = init_distributed(ParallelConfig(), seed=0, model=mcfg)
+    info = init_distributed(ParallelConfig(), seed=0)
     policy = Policy(mcfg, info, TrainConfig())
     sd, _ = hf_io.load_hf(str(model_dir))
     policy.load_hf_state_dict(sd)

@@ -78,7 +78,7 @@ SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
             "max_value": 50,
             "operators": ("+",),
             "operators_weights": [1.0],
-        },  # fmt: skip
+        },
         "impossible",
     ),
     "lcm_50": (

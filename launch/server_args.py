@@ -98,11 +98,9 @@ def sglang_server_args(rollout: Any, routed_experts: bool = False) -> list[str]:
     and ``run_name:``/``model:`` are not SGLang flags. ``routed_experts`` (routing replay) adds
     ``--enable-return-routed-experts`` (SGLang's ``server_args.py``).
     """
-    args = [
-        "--dtype", rollout.dtype,
-        "--mem-fraction-static", str(rollout.gpu_memory_utilization),
-        "--max-running-requests", str(rollout.max_batch),
-    ]  # fmt: skip
+    args = ["--dtype", rollout.dtype]
+    args += ["--mem-fraction-static", str(rollout.gpu_memory_utilization)]
+    args += ["--max-running-requests", str(rollout.max_batch)]
     if rollout.sglang.deterministic:
         args.append("--enable-deterministic-inference")
     if routed_experts:
@@ -119,19 +117,24 @@ def server_env(health_check_timeout_s: float) -> dict[str, str]:
     }
 
 
-def router_cmd(port: int, metrics_port: int, policy: str, health_check_timeout_s: float,
-               startup_timeout_s: float) -> list[str]:  # fmt: skip
+def router_cmd(
+    port: int,
+    metrics_port: int,
+    policy: str,
+    health_check_timeout_s: float,
+    startup_timeout_s: float,
+) -> list[str]:
     """sglang-router with our retries off (the client counts its own) and health checks that
     outwait a weight update: a check times out only after ``health_check_timeout_s`` (the
     servers answer within it once the update lock is free), three misses in a row mark a
     worker unhealthy, checks every 5 s, one success makes it healthy again."""
     return [
-        sys.executable, "-m", "sglang_router.launch_router", "--host", "0.0.0.0",
-        "--port", str(port), "--prometheus-port", str(metrics_port),
-        "--policy", policy, "--disable-retries",
-        "--health-check-interval-secs", "5", "--health-failure-threshold", "3",
-        "--health-success-threshold", "1",
-        "--health-check-timeout-secs", str(int(health_check_timeout_s) + 10),
-        "--worker-startup-timeout-secs", str(int(startup_timeout_s)),
-        "--shutdown-grace-period-secs", "2", "--log-level", "warn",
-    ]  # fmt: skip
+        *[sys.executable, "-m", "sglang_router.launch_router", "--host", "0.0.0.0"],
+        *["--port", str(port), "--prometheus-port", str(metrics_port)],
+        *["--policy", policy, "--disable-retries"],
+        *["--health-check-interval-secs", "5", "--health-failure-threshold", "3"],
+        *["--health-success-threshold", "1"],
+        *["--health-check-timeout-secs", str(int(health_check_timeout_s) + 10)],
+        *["--worker-startup-timeout-secs", str(int(startup_timeout_s))],
+        *["--shutdown-grace-period-secs", "2", "--log-level", "warn"],
+    ]

@@ -150,21 +150,26 @@ class Fleet:
     def server_cmd(self, p: Proc) -> list[str]:
         if self.engine == "sglang":  # the real SGLang server, GPU nodes
             return [
-                sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
-                "--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus)),
-                *self.sglang_args, "--random-seed", str(p.seed),
-            ]  # fmt: skip
+                *[sys.executable, "-m", "sglang.launch_server", "--model-path", self.model],
+                *["--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus))],
+                *self.sglang_args,
+                *["--random-seed", str(p.seed)],
+            ]
         return [
-            sys.executable, "-m", "launch.cli", "serve", "--model", self.model,
-            "--port", str(p.port), "--host", "0.0.0.0", "--engine", self.engine,
-            *self.server_args, "--seed", str(p.seed),
-        ]  # fmt: skip
+            *[sys.executable, "-m", "launch.cli", "serve", "--model", self.model],
+            *["--port", str(p.port), "--host", "0.0.0.0", "--engine", self.engine],
+            *self.server_args,
+            *["--seed", str(p.seed)],
+        ]
 
     def router_cmd(self, p: Proc) -> list[str]:
         return sargs.router_cmd(
-            p.port, free_port(), self.router_policy, self.health_check_timeout_s,
-            self.health_timeout_s,
-        )  # fmt: skip
+            p.port,
+            metrics_port=free_port(),
+            policy=self.router_policy,
+            health_check_timeout_s=self.health_check_timeout_s,
+            startup_timeout_s=self.health_timeout_s,
+        )
 
     def _spawn(self, p: Proc, cmd: list[str]) -> None:
         env = dict(os.environ)

@@ -24,8 +24,13 @@ from pathlib import Path
 from megatron_rl.model import hf_io
 from megatron_rl.model.config import ModelConfig
 
-LINKED = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-          "generation_config.json")  # fmt: skip
+LINKED = (
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def ntk_rope_base(base: float, head_dim: int, old_max: int, new_max: int) -> float:
@@ -70,8 +75,10 @@ def main() -> None:
     parser.add_argument("--max-positions", type=int, default=32768)
     args = parser.parse_args()
     cfg = make_long_variant(args.src, args.dst, args.max_positions)
-    print(f"{args.dst}: max_position_embeddings={cfg.max_position_embeddings} "
-          f"rope_theta={cfg.rotary_base:g}")  # fmt: skip
+    print(
+        f"{args.dst}: max_position_embeddings={cfg.max_position_embeddings} "
+        f"rope_theta={cfg.rotary_base:g}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ module nests them into :class:`RunConfig` and provides the single loading/valida
 
 Errors are ``ValueError`` with the dotted key, the bad value and what is allowed. Component
 dataclasses may define ``validate(self) -> None`` for cross-field checks; it is called once,
-bottom-up, after the whole tree is built. The typed dict <-> dataclass conversion itself lives
-in :mod:`megatron_rl.dataclass_io` (a leaf module the model package uses too).
+bottom-up, after the whole tree is built. Keys that moved (:data:`RENAMED`, e.g. ``rl.eval_every``
+-> ``eval.every``) still load, from a file or an override, with one warning per old key; an old
+and a new key given with different values is an error. The typed dict <-> dataclass conversion
+itself lives in :mod:`megatron_rl.dataclass_io` (a leaf module the model package uses too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ import yaml
 
 from megatron_rl.dataclass_io import from_dict, to_dict
 from megatron_rl.domains.config import DomainsConfig
+from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rollout.config import RolloutConfig
@@ -30,6 +34,8 @@ from megatron_rl.rollout.slurm_config import SlurmConfig
 from megatron_rl.scheduler.config import SchedulerConfig
 from megatron_rl.tracking.config import TrackingConfig
 from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -44,6 +50,7 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # optimizer and steps
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # supervised fine-tuning
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)  # GRPO-family loss/advantages
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # held-out sweeps
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # engines
     domains: DomainsConfig = dataclasses.field(default_factory=DomainsConfig)  # task domains
     rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)  # verifiers
@@ -137,11 +144,69 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"config file {str(p)!r} must hold a mapping at the top level")
         data = loaded or {}
-    apply_overrides(data, overrides or [])
+    apply_overrides(data, apply_renamed(data, overrides or []))
     gpu_dtype_defaults(data)
     cfg = from_dict(RunConfig, data)
     validate(cfg)
     return cfg
+
+
+# Keys that moved (old dotted key -> new one): still loaded, with one warning per old key.
+RENAMED = {f"rl.eval_{f.name}": f"eval.{f.name}" for f in dataclasses.fields(EvalConfig)}
+
+
+def apply_renamed(data: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Move :data:`RENAMED` keys of a file's ``data`` to their new place (in place) and return
+    ``overrides`` with old keys rewritten to the new ones; one warning per old key given.
+
+    An old key and its new one given with different values in the file, or both as overrides,
+    is a ``ValueError``; an override of either key replaces the file's value as usual.
+    """
+    given = _move_renamed(data)
+    out = []
+    cli: dict[str, dict[str, Any]] = {}  # new key -> {key as given: value} among the overrides
+    for item in overrides:
+        dotted, sep, raw = item.partition("=")
+        key = dotted.strip()
+        new = RENAMED.get(key, key)
+        if sep and new in RENAMED.values():
+            cli.setdefault(new, {})[key] = _parse_scalar(raw)
+        if sep and key in RENAMED:
+            given.append(key)
+            item = f"{new}={raw}"
+        out.append(item)
+    for new, values in cli.items():
+        _agree(values, new)
+    for old in dict.fromkeys(given):
+        log.warning("%s is deprecated; use %s", old, RENAMED[old])
+    return out
+
+
+def _move_renamed(data: dict[str, Any]) -> list[str]:
+    """Move the old keys of a nested config dict to their new place; the old keys found."""
+    found = []
+    for old, new in RENAMED.items():
+        (section, key), (new_section, new_key) = old.split("."), new.split(".")
+        part = data.get(section)
+        if not (isinstance(part, dict) and key in part):
+            continue
+        target = data.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            raise ValueError(f"{new_section} must be a mapping of its keys, got {target!r}")
+        value = part.pop(key)
+        if new_key in target:
+            _agree({old: value, new: target[new_key]}, new)
+        target[new_key] = value
+        found.append(old)
+    return found
+
+
+def _agree(values: dict[str, Any], new: str) -> None:
+    """One value for ``new`` among an old key and the new one, else a ValueError naming both."""
+    first, *rest = values.values()
+    if any(v != first for v in rest):
+        both = " and ".join(f"{k}={v!r}" for k, v in values.items())
+        raise ValueError(f"{both} disagree; the old key is deprecated, give only {new}")
 
 
 def gpu_dtype_defaults(data: dict[str, Any]) -> None:
@@ -161,7 +226,7 @@ def gpu_dtype_defaults(data: dict[str, Any]) -> None:
             part["dtype"] = "bfloat16"
 
 
-def save_config(cfg: Any, path: str | Path) -> None:
+def save_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML (every run directory and checkpoint holds one)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

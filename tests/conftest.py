@@ -45,6 +45,6 @@ def dist1() -> Iterator[object]:
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
 
     torch.set_num_threads(1)
-    info = init_distributed(ParallelConfig(), seed=1234, model=tiny_model_config())
+    info = init_distributed(ParallelConfig(), seed=1234)
     yield info
     destroy_distributed()

@@ -99,7 +99,7 @@ def main() -> None:
                       num_attention_heads=dims["num_attention_heads"],
                       num_query_groups=dims["num_attention_heads"],
                       vocab_size=dims["vocab_size"], max_position_embeddings=1024)  # fmt: skip
-    info = init_distributed(ParallelConfig(tp=args.tp, pp=args.pp), seed=0, model=cfg)
+    info = init_distributed(ParallelConfig(tp=args.tp, pp=args.pp), seed=0)
     policy = Policy(cfg, info, None)
     shard = sum(
         t.nbytes for t in policy.module.state_dict().values() if isinstance(t, torch.Tensor)

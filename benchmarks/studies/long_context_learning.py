@@ -1,6 +1,6 @@
 """`make long-context`'s record: the run's per-level held-out accuracy as committed figures.
 
-Reads ``RUN/summary.json`` (written by the RL loop with ``rl.eval_levels``), ``RUN/metrics.jsonl``
+Reads ``RUN/summary.json`` (written by the RL loop with ``eval.levels``), ``RUN/metrics.jsonl``
 and ``RUN/events.jsonl`` and writes
 
 - ``benchmarks/studies/long_context_learning.json``: per length level the accuracy before and after,
@@ -71,7 +71,7 @@ def checks(levels: dict[str, Any]) -> dict[str, Any]:
 def record(run: Path) -> dict[str, Any]:
     summary = json.loads((run / "summary.json").read_text())
     if "levels" not in summary:
-        raise ValueError(f"{run}/summary.json has no per-level block (rl.eval_levels was empty)")
+        raise ValueError(f"{run}/summary.json has no per-level block (eval.levels was empty)")
     metrics = read_jsonl(run / "metrics.jsonl")
     loads = [r["sys/load_avg_1m"] for r in metrics if "sys/load_avg_1m" in r]
     return {

@@ -95,11 +95,12 @@ def measure(policy: Any, batch: Any) -> dict[str, float]:
     own = policy.replay.recorded()
     policy.replay.record(False)
     ((replayed, _),) = policy.token_logprobs([batch])
-    mask = batch.loss_mask.bool()
-    out: dict[str, float] = {"tokens": float(mask.sum())}
+    from megatron_rl.train.losses import logp_mismatch
+
+    out: dict[str, float] = {"tokens": float(batch.loss_mask.sum())}
     for name, lp in (("replay", replayed), ("free", free)):
-        diff = (lp - batch.extras["rollout_lp"]).abs()[mask]
-        out[f"{name}_mean"], out[f"{name}_max"] = float(diff.mean()), float(diff.max())
+        mm = logp_mismatch(lp, batch.extras["rollout_lp"], batch.loss_mask)
+        out[f"{name}_mean"], out[f"{name}_max"] = mm.mean, mm.max
     out["ratio_mean"] = out["free_mean"] / max(out["replay_mean"], 1e-12)
     k = policy.cfg.moe.topk
     eng = batch.extras[ROUTES_KEY].view(own.shape[0], -1, k).long()
@@ -123,7 +124,7 @@ def main() -> None:
     from megatron_rl.model.policy import Policy
 
     sd, cfg = hf_io.load_hf(a.model)
-    policy = Policy(cfg, init_distributed(ParallelConfig(), seed=0, model=cfg))
+    policy = Policy(cfg, init_distributed(ParallelConfig(), seed=0))
     policy.load_hf_state_dict(sd)
     results = {s: measure(policy, rollout(a.model, s, a.prompts))
                for s in ("fp32", "bf16_router", "bf16")}  # fmt: skip

@@ -38,10 +38,10 @@ BUDGET = [
     "scheduler.fill_batch=true",
 ]
 EVAL = [
-    "rl.eval_samples_per_prompt=4",
-    "rl.eval_temperature=1.0",
-    "rl.eval_greedy_also=true",
-    "rl.eval_train_prompts=0",
+    "eval.samples_per_prompt=4",
+    "eval.temperature=1.0",
+    "eval.greedy_also=true",
+    "eval.train_prompts=0",
 ]
 Arms = dict[str, list[str]]  # arm name -> config overrides on top of the demo config
 
@@ -95,10 +95,10 @@ def overrides(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -
         # off-policy (issue 25), which every report run here predates
         f"rl.prompts_per_step={a.prompts}",
         f"rl.group_size={a.group}",
-        f"rl.eval_every={a.eval_every}",
-        f"rl.eval_samples_per_domain={a.eval_n}",
+        f"eval.every={a.eval_every}",
+        f"eval.samples_per_domain={a.eval_n}",
         *EVAL,
-        *(["rl.eval_samples_per_prompt=2"] if a.quick else []),
+        *(["eval.samples_per_prompt=2"] if a.quick else []),
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",

@@ -26,7 +26,11 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launch.servers import Fleet
+    from megatron_rl.config import RunConfig
 
 HELP = "serve SGLang's native HTTP API (/generate, weights, health) on a local engine"
 
@@ -43,16 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="run config YAML (its rollout section)")
     parser.add_argument("--seed", type=int, default=None, help="engine seed (default: config's)")
     parser.add_argument(
-        "--enable-deterministic-inference", action="store_true",
+        "--enable-deterministic-inference",
+        action="store_true",
         help="honour each request's sampling_seed (default: rollout.sglang.deterministic)",
-    )  # fmt: skip
+    )
     fleet = parser.add_argument_group("fleet mode (several servers + router on this node)")
     fleet.add_argument("--num-servers", type=int, default=None, help="servers on this node")
     fleet.add_argument("--gpus-per-server", type=int, default=0, help="GPUs each (0: CPU)")
     fleet.add_argument(
-        "--gpu-ids", default=None,
+        "--gpu-ids",
+        default=None,
         help="positions among the step's visible GPUs to use, e.g. 4,5,6,7 (default: all)",
-    )  # fmt: skip
+    )
     fleet.add_argument(
         "--node-index", type=int, default=0, help="this rollout node's index (distinct seeds)"
     )
@@ -61,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
     fleet.add_argument("--health-timeout", type=float, default=300.0, help="seconds per server")
     fleet.add_argument(
-        "--wait-workers", type=int, default=None,
+        "--wait-workers",
+        type=int,
+        default=None,
         help="with --router-url only: wait until the router lists this many healthy servers",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.dtype=float32")
 
 
@@ -86,15 +94,18 @@ def main(args: argparse.Namespace) -> int:
     engine_cfg = replace(cfg.rollout, engine=engine, return_routed_experts=routed_experts(cfg))
     sg = cfg.rollout.sglang
     serve(
-        build_engine(engine_cfg, args.model, seed), str(Path(args.model).resolve()),
-        args.host, args.port, max_batch=cfg.rollout.max_batch,
+        build_engine(engine_cfg, args.model, seed),
+        str(Path(args.model).resolve()),
+        args.host,
+        args.port,
+        max_batch=cfg.rollout.max_batch,
         deterministic=args.enable_deterministic_inference or sg.deterministic,
         bucket_timeout_s=sg.bucket_timeout_s,
-    )  # fmt: skip
+    )
     return 0
 
 
-def routed_experts(cfg: Any) -> bool:
+def routed_experts(cfg: RunConfig) -> bool:
     """Servers record the experts they route to (SGLang's ``--enable-return-routed-experts``)
     when the run replays them (``rl.routing_replay=rollout``) or the config asks."""
     return bool(cfg.rollout.return_routed_experts or cfg.rl.routing_replay == "rollout")
@@ -120,7 +131,7 @@ def server_engine(flag: str | None, configured: str, fleet: bool) -> str:
     return engine
 
 
-def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
+def _serve_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> int:
     fleet = build_fleet(args, engine, cfg)
     with fleet:
         log.info("fleet ready: %s", fleet.write_manifest())
@@ -128,7 +139,7 @@ def _serve_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> int:
     return 0
 
 
-def build_fleet(args: argparse.Namespace, engine: str, cfg: Any) -> Any:
+def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
     """The :class:`launch.servers.Fleet` that ``--num-servers`` runs (not started)."""
     from launch.server_args import sglang_server_args
     from launch.servers import Fleet

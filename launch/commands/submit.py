@@ -15,9 +15,13 @@ import dataclasses
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from megatron_rl.config import RunConfig
+    from megatron_rl.rollout.slurm_config import SlurmConfig
 
 HELP = "render the Slurm sbatch script for a run (--dry-run prints it) and submit it"
 
@@ -61,10 +65,10 @@ def _split_rest(args: argparse.Namespace) -> None:
     args.overrides = ns.overrides
 
 
-def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
+def load_with_slurm(config: str, overrides: list[str]) -> tuple[RunConfig, SlurmConfig]:
     """(RunConfig, SlurmConfig) from one YAML; the ``slurm`` section may or may not be part of
     RunConfig yet, so it is split off and built on its own."""
-    from megatron_rl.config import RunConfig, apply_overrides, from_dict, validate
+    from megatron_rl.config import RunConfig, apply_overrides, apply_renamed, from_dict, validate
     from megatron_rl.rollout.slurm_config import SlurmConfig
 
     path = Path(config)
@@ -73,6 +77,7 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {config!r} must hold a mapping at the top level")
+    overrides = apply_renamed(data, overrides)
     slurm_data = {"slurm": data.pop("slurm", None) or {}}
     apply_overrides(slurm_data, [o for o in overrides if o.startswith("slurm.")])
     apply_overrides(data, [o for o in overrides if not o.startswith("slurm.")])
@@ -88,7 +93,7 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[Any, Any]:
     return cfg, slurm
 
 
-def check_trainer_layout(cfg: Any, slurm: Any) -> None:
+def check_trainer_layout(cfg: RunConfig, slurm: SlurmConfig) -> None:
     """``parallel.*`` (TP/PP/CP, and EP for a mixture-of-experts model) against the trainer
     world the script will start (trainer nodes x trainer ranks per node), with the model's
     ``config.json`` when ``model.hf_path`` has one: one line naming the keys, nothing written."""
@@ -103,11 +108,15 @@ def check_trainer_layout(cfg: Any, slurm: Any) -> None:
     try:
         validate_layout(cfg.parallel, world, model, gpu=slurm.gpus_per_node > 0)
     except ValueError as e:
-        raise ValueError(f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
-                         f"{slurm.trainer_procs()} rank(s))") from None  # fmt: skip
+        raise ValueError(
+            f"{e} (the job's trainer world: {slurm.layout()[0]} node(s) x "
+            f"{slurm.trainer_procs()} rank(s))"
+        ) from None
 
 
-def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str]) -> str:
+def render_sbatch(
+    cfg: RunConfig, slurm: SlurmConfig, config: str, train_overrides: list[str]
+) -> str:
     """The complete sbatch script for ``cfg`` laid out by ``slurm``."""
     import jinja2
 
@@ -176,14 +185,14 @@ def render_sbatch(cfg: Any, slurm: Any, config: str, train_overrides: list[str])
     )
 
 
-def shutdown_timeout(slurm: Any) -> int:
+def shutdown_timeout(slurm: SlurmConfig) -> int:
     """Seconds between USR1 and the kill that the trainer may use to checkpoint: torchrun's
     ``--shutdown-timeout`` (the time limit comes ``signal_before_end_s`` after USR1), also
     passed to the trainer as ``checkpoint.preempt_grace_s``."""
     return max(30, slurm.signal_before_end_s - 30)
 
 
-def check_ports(slurm: Any) -> None:
+def check_ports(slurm: SlurmConfig) -> None:
     """``slurm.router_port`` must stay out of the per-job port ranges (ValueError naming it)."""
     for base, what in ((RDZV_PORT_BASE, "torchrun rendezvous"), (WEIGHT_PORT_BASE, "weight group")):
         if base <= slurm.router_port < base + PORT_SPAN:
@@ -193,7 +202,7 @@ def check_ports(slurm: Any) -> None:
             )
 
 
-def engine_tp(cfg: Any, slurm: Any) -> int:
+def engine_tp(cfg: RunConfig, slurm: SlurmConfig) -> int:
     """Ranks each server holds in the weight-update group: one per GPU of an SGLang server,
     one for an embedded (CPU) server. ValueError naming both keys when they disagree."""
     want = slurm.gpus_per_server if slurm.server_engine == "sglang" else 1

@@ -12,7 +12,7 @@ penalty computed here, before the advantages. The trainer ranks' half is
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from megatron_rl.model.gpt import TEMPERATURE_KEY, use_te_spec
 from megatron_rl.model.moe import ROUTES_KEY, routes_extra
 from megatron_rl.packing.batch import PackedBatch, to_padded
 from megatron_rl.train.losses import kl_reward_penalty
+
+if TYPE_CHECKING:
+    from megatron_rl.train.config import RLConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,7 @@ def kl_reward_penalties(
     ref: Any,
     groups: list[Group],
     kept: list[int],
-    rl: Any,
+    rl: RLConfig,
     budget: int,
     shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:

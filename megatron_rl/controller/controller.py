@@ -48,8 +48,9 @@ class Controller:
         )
         if not self.domains:
             raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
-        infos = [DomainInfo(d.name, d.tier, list(d.levels), list(d.tags))
-                 for d in self.domains.values()]  # fmt: skip
+        infos = [
+            DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in self.domains.values()
+        ]
         self.sched = DomainScheduler(cfg.scheduler, infos, cfg.seed)
         state = dict(rt.resumed_state)
         if state:
@@ -92,20 +93,30 @@ class Controller:
         penalty = None
         if cfg.rl.kl_in_reward and self.ref is not None and kept:
             penalty, kl_stats = kl_reward_penalties(
-                self.ref, groups, kept, cfg.rl, cfg.train.logprob_micro_batch_tokens,
-                self.shared_prefix,
-            )  # fmt: skip
+                self.ref,
+                groups,
+                kept,
+                cfg.rl,
+                budget=cfg.train.logprob_micro_batch_tokens,
+                shared_prefix=self.shared_prefix,
+            )
             metrics.update(kl_stats)
         shares, adv_stats = build_batches(
-            groups, kept, cfg.rl.advantage, cfg.train.micro_batch_tokens, self.rt.dist.dp,
-            penalty, self.shared_prefix,
-        )  # fmt: skip
+            groups,
+            kept,
+            estimator=cfg.rl.advantage,
+            budget=cfg.train.micro_batch_tokens,
+            dp=self.rt.dist.dp,
+            reward_penalty=penalty,
+            shared_prefix=self.shared_prefix,
+        )
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:
             self.rt.tracker.event(step, "empty_batch", groups=len(groups))
         self.groups = groups
-        return shares, global_normalizer(shares, cfg.rl.loss_agg, drgrpo_constant(cfg)), metrics
+        constant = drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
+        return shares, global_normalizer(shares, cfg.rl.loss_agg, constant), metrics
 
     def sync(self, hf_sd: dict[str, Any], optimizer_steps: int) -> dict[str, float]:
         """Push the weights after ``optimizer_steps`` steps to the engine (after a prefetched
@@ -121,14 +132,20 @@ class Controller:
         return run_eval(rt, self.engine, self.evals, sched, step, self.monitor, with_train)
 
     def level_sweep(self) -> dict[str, Any]:
-        """Held-out scores per level of ``rl.eval_levels`` (empty without it)."""
+        """Held-out scores per level of ``eval.levels`` (empty without it)."""
         cfg = self.cfg
-        if not cfg.rl.eval_levels:
+        if not cfg.eval.levels:
             return {}
         return level_eval.level_sweep(
-            self.engine, self.rt.tokenizer, self.domains, cfg.rl.eval_levels,
-            cfg.rl.eval_samples_per_level, cfg.seed, cfg.rollout.max_new_tokens, cfg.rollout.stop,
-        )  # fmt: skip
+            self.engine,
+            self.rt.tokenizer,
+            self.domains,
+            cfg.eval.levels,
+            n=cfg.eval.samples_per_level,
+            seed=cfg.seed,
+            max_tokens=cfg.rollout.max_new_tokens,
+            stop=cfg.rollout.stop,
+        )
 
     def end_step(self, step: int, metrics: dict[str, float], t: Timer) -> Timer:
         """7. the periodic eval, then the step's events, metrics and samples.
@@ -136,7 +153,8 @@ class Controller:
         Returns the next step's Timer, started when this step's metrics were taken: the logging
         here (and the loop's checkpoint) count in the next row as ``time/log_s``.
         """
-        if eval_due(self.cfg, step):  # the loop synced the weights before it
+        # the loop synced the weights before a periodic eval
+        if eval_due(self.cfg.eval, step, self.cfg.train.steps):
             with t("eval"):
                 self.producer.wait()  # never share the engine with a prefetching thread
                 metrics.update(self.evaluate(step)["metrics"])
@@ -164,8 +182,7 @@ class Controller:
         """Final eval and summary (or the preemption record); shuts the engine down."""
         self.producer.close()
         if preempted_at is not None:
-            return finish(self.rt, self.engine, {"completed": False,
-                                                         "preempted_at": preempted_at})  # fmt: skip
+            return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})
         steps = self.cfg.train.steps
         after = self.evaluate(steps, with_train=True)
         summary = summarize(self.rt, self.eval_before, after, time.time() - self.wall0, steps)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_rl.controller.episodes import run_episodes
 from megatron_rl.controller.groups import Group, Sample
@@ -21,6 +21,9 @@ from megatron_rl.evaluation.evaluate import safe_verify
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.scheduler import GroupSpec
+
+if TYPE_CHECKING:
+    from megatron_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +168,7 @@ class RolloutProducer:
         domains: dict[str, Domain],
         sched: Any,
         cursor: dict[str, int],
-        cfg: Any,
+        cfg: RunConfig,
         version: int = 0,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor

@@ -1,8 +1,8 @@
-"""Held-out accuracy per difficulty level, before and after an RL run (``rl.eval_levels``).
+"""Held-out accuracy per difficulty level, before and after an RL run (``eval.levels``).
 
 For long-context domains a level is a context length, so this is accuracy against length. At the
-start of a run and after its last step the controller scores ``rl.eval_samples_per_level``
-distinct held-out prompts per domain at each level of ``rl.eval_levels`` (greedy, each prompt
+start of a run and after its last step the controller scores ``eval.samples_per_level``
+distinct held-out prompts per domain at each level of ``eval.levels`` (greedy, each prompt
 scored once, the same prompts both times: the harness's prompt set of a fixed level is a pure
 function of domains, count, level and seed; ``evaluation/prompt_sets.py``). Per level it
 reports the accuracy pooled over the domains, its standard error over prompts, the number of
@@ -49,7 +49,7 @@ def level_sweep(
     for level in levels:
         having = {k: d for k, d in domains.items() if level in d.levels}
         if not having:
-            raise ValueError(f"rl.eval_levels: no selected domain has level {level}")
+            raise ValueError(f"eval.levels: no selected domain has level {level}")
         res = evaluate(engine, tokenizer, having, n, seed, max_tokens, level=level, stop=stop)
         per: dict[str, dict[str, list[Any]]] = {}
         lengths = []

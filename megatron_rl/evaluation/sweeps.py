@@ -2,13 +2,13 @@
 
 Built once at start-up (``RLEval``), so a split too small for the request is reported once:
 
-- the held-out set: ``rl.eval_samples_per_domain`` distinct eval-split prompts per domain, scored
+- the held-out set: ``eval.samples_per_domain`` distinct eval-split prompts per domain, scored
   at every sweep with the primary metric (greedy, or sampled pass@1 with
-  ``rl.eval_samples_per_prompt`` samples at ``rl.eval_temperature``); its per-prompt scores feed
+  ``eval.samples_per_prompt`` samples at ``eval.temperature``); its per-prompt scores feed
   the seesaw guard, so the guard's bootstrap unit is the distinct prompt;
-- with ``rl.eval_greedy_also`` and a sampled primary metric, a greedy pass on the same prompts
+- with ``eval.greedy_also`` and a sampled primary metric, a greedy pass on the same prompts
   (``eval_greedy/*``), the secondary metric;
-- the training-prompt sample: ``rl.eval_train_prompts`` distinct training prompts per domain,
+- the training-prompt sample: ``eval.train_prompts`` distinct training prompts per domain,
   scored at the start and the end only (``eval_train/*``); the memorisation gap is its accuracy
   minus the held-out accuracy.
 
@@ -24,8 +24,10 @@ import math
 from collections import Counter
 from typing import Any
 
+from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain
 from megatron_rl.domains.jsonl import append_eval_failures
+from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.evaluation.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
 from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.rewards.monitor import RewardHackingMonitor
@@ -38,12 +40,12 @@ from megatron_rl.train.runtime import Runtime
 class RLEval:
     """The prompt sets of a run and how its sweeps score them."""
 
-    def __init__(self, cfg: Any, domains: dict[str, Domain]) -> None:
-        rl = cfg.rl
+    def __init__(self, cfg: RunConfig, domains: dict[str, Domain]) -> None:
+        ev = cfg.eval
         self.cfg, self.domains = cfg, domains
         level = cfg.domains.level
-        self.held_out = build_prompt_set(domains, rl.eval_samples_per_domain, cfg.seed, level)
-        n_train = rl.eval_samples_per_domain if rl.eval_train_prompts < 0 else rl.eval_train_prompts
+        self.held_out = build_prompt_set(domains, ev.samples_per_domain, cfg.seed, level)
+        n_train = ev.samples_per_domain if ev.train_prompts < 0 else ev.train_prompts
         self.train: PromptSet | None = None
         if n_train:
             self.train = build_prompt_set(domains, n_train, cfg.seed, level, split="train")
@@ -53,7 +55,7 @@ class RLEval:
         self, engine: RolloutEngine, tokenizer: Any, prompts: PromptSet, greedy: bool = False
     ) -> EvalResult:
         """One pass over ``prompts`` with the primary metric (or greedy)."""
-        rl = self.cfg.rl
+        ev = self.cfg.eval
         return evaluate(
             engine,
             tokenizer,
@@ -62,14 +64,14 @@ class RLEval:
             self.cfg.seed,
             self.cfg.rollout.max_new_tokens,
             stop=self.cfg.rollout.stop,
-            samples=1 if greedy else rl.eval_samples_per_prompt,
-            temperature=0.0 if greedy else rl.eval_temperature,
+            samples=1 if greedy else ev.samples_per_prompt,
+            temperature=0.0 if greedy else ev.temperature,
             prompts=prompts,
         )
 
     @property
     def greedy_also(self) -> bool:
-        return bool(self.cfg.rl.eval_greedy_also and self.cfg.rl.eval_temperature > 0)
+        return bool(self.cfg.eval.greedy_also and self.cfg.eval.temperature > 0)
 
 
 def constant_baseline(prompts: PromptSet) -> dict[str, float]:
@@ -185,7 +187,7 @@ def summarize(
     rows = domain_rows(before, after)
     ses = [r["gain_stderr"] for r in rows.values() if r.get("gain_stderr") is not None]
     zs = [r["gain_z"] for r in rows.values() if r.get("gain_z") is not None]
-    rl = rt.cfg.rl
+    ev = rt.cfg.eval
     summary: dict[str, Any] = {
         "eval_before": before["accuracy"],
         "eval_after": after["accuracy"],
@@ -196,8 +198,8 @@ def summarize(
         "worst_gain_z": min(zs) if zs else None,
         "domains_below_2se": [n for n, r in rows.items() if r.get("drop_beyond_2se")],
         "metric": {
-            "samples_per_prompt": rl.eval_samples_per_prompt,
-            "temperature": rl.eval_temperature,
+            "samples_per_prompt": ev.samples_per_prompt,
+            "temperature": ev.temperature,
         },
         "domains": rows,
     }
@@ -263,7 +265,7 @@ def _num(x: float | None, fmt: str = "6.3f") -> str:
     return format(x, fmt)
 
 
-def eval_due(cfg: Any, step: int) -> bool:
-    """A periodic held-out eval follows this step (the final one is after the loop)."""
-    every = cfg.rl.eval_every
-    return bool(every) and (step + 1) % every == 0 and step + 1 < cfg.train.steps
+def eval_due(ev: EvalConfig, step: int, steps: int) -> bool:
+    """A periodic held-out eval follows ``step`` of ``steps`` (the final one is after the loop)."""
+    every = ev.every
+    return bool(every) and (step + 1) % every == 0 and step + 1 < steps

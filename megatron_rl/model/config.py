@@ -30,20 +30,26 @@ class MoEConfig:
         if not self.num_experts:
             return
         if not 1 <= self.topk <= self.num_experts:
-            raise ValueError(f"model.moe.topk={self.topk} must be in [1, model.moe.num_experts="
-                             f"{self.num_experts}]")  # fmt: skip
+            raise ValueError(
+                f"model.moe.topk={self.topk} must be in [1, model.moe.num_experts="
+                f"{self.num_experts}]"
+            )
         if self.ffn_hidden_size <= 0:
             raise ValueError(f"model.moe.ffn_hidden_size must be > 0, got {self.ffn_hidden_size}")
         for name in ("aux_loss_coeff", "z_loss_coeff", "shared_ffn_hidden_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"model.moe.{name} must be >= 0, got {getattr(self, name)}")
         if self.topk == 1 and self.norm_topk_prob:
-            raise ValueError("model.moe.topk=1 with norm_topk_prob=true is not supported (every "
-                             "routing weight would be 1; megatron-core needs the softmax before "
-                             "the top-1); use norm_topk_prob=false")  # fmt: skip
+            raise ValueError(
+                "model.moe.topk=1 with norm_topk_prob=true is not supported (every "
+                "routing weight would be 1; megatron-core needs the softmax before "
+                "the top-1); use norm_topk_prob=false"
+            )
         if self.shared_expert_gate and not self.shared_ffn_hidden_size:
-            raise ValueError("model.moe.shared_expert_gate=true needs shared experts "
-                             "(model.moe.shared_ffn_hidden_size > 0)")  # fmt: skip
+            raise ValueError(
+                "model.moe.shared_expert_gate=true needs shared experts "
+                "(model.moe.shared_ffn_hidden_size > 0)"
+            )
 
 
 @dataclass
@@ -154,8 +160,10 @@ class ParallelConfig:
                 f"micro-batches are shared out inside one pipeline stage), got pp={self.pp}"
             )
         if self.etp not in (0, 1, self.tp):
-            raise ValueError(f"parallel.etp={self.etp} is not supported; choose 0 (= tp), 1 or "
-                             f"parallel.tp={self.tp}")  # fmt: skip
+            raise ValueError(
+                f"parallel.etp={self.etp} is not supported; choose 0 (= tp), 1 or "
+                f"parallel.tp={self.tp}"
+            )
         from megatron_rl.model.cp.shard import check_cp_supported
 
         check_cp_supported(self.cp)  # cp > 1 on GPU needs Transformer Engine

@@ -75,15 +75,21 @@ def check_layout(cfg: ModelConfig, tp: int, pp: int, ep: int = 1, etp: int = 0) 
 def _check_experts(cfg: ModelConfig, ep: int, etp: int) -> None:
     if not cfg.is_moe:
         if ep > 1:
-            raise ValueError(f"ep={ep} needs a mixture-of-experts model; model.arch={cfg.arch} "
-                             "is dense, use ep=1")  # fmt: skip
+            raise ValueError(
+                f"ep={ep} needs a mixture-of-experts model; model.arch={cfg.arch} "
+                "is dense, use ep=1"
+            )
         return
     if cfg.moe.num_experts % ep:
-        raise ValueError(f"ep={ep} must divide moe.num_experts={cfg.moe.num_experts}; choose ep "
-                         "among its divisors")  # fmt: skip
+        raise ValueError(
+            f"ep={ep} must divide moe.num_experts={cfg.moe.num_experts}; choose ep "
+            "among its divisors"
+        )
     if cfg.moe.ffn_hidden_size % etp:
-        raise ValueError(f"the expert tensor-parallel degree {etp} must divide "
-                         f"moe.ffn_hidden_size={cfg.moe.ffn_hidden_size}")  # fmt: skip
+        raise ValueError(
+            f"the expert tensor-parallel degree {etp} must divide "
+            f"moe.ffn_hidden_size={cfg.moe.ffn_hidden_size}"
+        )
 
 
 def stage_layers(cfg: ModelConfig, pp: int, pp_rank: int) -> range:
@@ -196,8 +202,10 @@ class _Shards:
         tp, pp, ep, etp = grid
         missing = [(t, e) for e in range(ep) for t in range(tp) if (t, e) not in by_rank]
         if missing:
-            raise ValueError(f"missing Megatron shard(s) of pipeline stage {pp_rank} "
-                             f"(tp_rank, ep_rank): {missing}")  # fmt: skip
+            raise ValueError(
+                f"missing Megatron shard(s) of pipeline stage {pp_rank} "
+                f"(tp_rank, ep_rank): {missing}"
+            )
         self.by_rank, self.tp, self.ep, self.etp = by_rank, tp, ep, etp or tp
         self.pp_rank = pp_rank
         self.used: set[str] = set()
@@ -212,8 +220,10 @@ class _Shards:
         if t_ is None:
             raise ValueError(f"{where} has no tensor {name!r}")
         if tuple(t_.shape) != self.shapes[name]:
-            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(t_.shape)}, the config "
-                             f"implies {self.shapes[name]}")  # fmt: skip
+            raise ValueError(
+                f"{where}: tensor {name!r} has shape {tuple(t_.shape)}, the config "
+                f"implies {self.shapes[name]}"
+            )
         self.used.add(name)
         return t_
 
@@ -252,8 +262,12 @@ def megatron_to_hf(
     check_layout(cfg, tp, pp, ep, etp)
     out: dict[str, Tensor] = {}
     for p in range(pp):
-        by_rank = {(t, e): shards[k] for e in range(ep) for t in range(tp)
-                   if (k := shard_key(t, p, e, ep)) in shards}  # fmt: skip
+        by_rank = {
+            (t, e): shards[k]
+            for e in range(ep)
+            for t in range(tp)
+            if (k := shard_key(t, p, e, ep)) in shards
+        }
         st = _Shards(by_rank, cfg, (tp, pp, ep, etp), p)
         if p == 0:
             out["model.embed_tokens.weight"] = cat(st.get(_EMB), 0)

@@ -42,10 +42,17 @@ from megatron_rl.model.config import ModelConfig
 from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout, shard_key
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
-    "chat_template.json", "generation_config.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 META_FILE = "megatron_rl_meta.json"
 FORMAT_VERSION = 1
 
@@ -167,6 +174,12 @@ def _weight_files(d: Path) -> list[Path]:
 def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelConfig]:
     """Read an HF checkpoint: ``(state_dict, ModelConfig)``, tensors validated."""
     _, cfg = load_hf_config(hf_dir)
+    return load_hf_weights(hf_dir, cfg), cfg
+
+
+def load_hf_weights(hf_dir: str | os.PathLike[str], cfg: ModelConfig) -> dict[str, Tensor]:
+    """The state dict of an HF checkpoint whose ``config.json`` was read already (``cfg``: its
+    architecture), tensors validated against ``cfg``."""
     files = _weight_files(Path(hf_dir))
     sd: dict[str, Tensor] = {}
     for f in files:
@@ -175,7 +188,7 @@ def load_hf(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Tensor], ModelCon
     check_hf_state_dict(sd, cfg, where)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
-    return sd, cfg
+    return sd
 
 
 def group_by_bytes(sd: dict[str, Tensor], max_shard_bytes: int) -> list[list[str]]:
@@ -204,8 +217,10 @@ def _write_hf_weights(d: Path, sd: dict[str, Tensor], max_shard_bytes: int) -> N
         _save_safetensors(d / fname, {n: sd[n] for n in names})
         weight_map.update(dict.fromkeys(names, fname))
     total = sum(t.numel() * t.element_size() for t in sd.values())
-    _write_json(d / "model.safetensors.index.json",
-                {"metadata": {"total_size": total}, "weight_map": weight_map})  # fmt: skip
+    _write_json(
+        d / "model.safetensors.index.json",
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+    )
 
 
 def save_hf(
@@ -232,8 +247,11 @@ def save_hf(
         _write_json(tmp / "config.json", config)
         copied = copy_tokenizer_files(tokenizer_from, tmp)
         if "generation_config.json" not in copied:
-            gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                   if config.get(k) is not None}  # fmt: skip
+            gen = {
+                k: config[k]
+                for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                if config.get(k) is not None
+            }
             _write_json(tmp / "generation_config.json", gen)
     return Path(out_dir)
 
@@ -271,8 +289,16 @@ def save_megatron_dir(
     missing = [k for k in keys if k not in shards]
     if missing:
         raise ValueError(f"missing Megatron shard(s) (tp_rank, pp_rank[, ep_rank]): {missing}")
-    meta = {"format_version": FORMAT_VERSION, "tp": tp, "pp": pp, "ep": ep, "etp": etp or tp,
-            "spec": spec, "model": to_dict(cfg), "hf_config": hf_config}  # fmt: skip
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "tp": tp,
+        "pp": pp,
+        "ep": ep,
+        "etp": etp or tp,
+        "spec": spec,
+        "model": to_dict(cfg),
+        "hf_config": hf_config,
+    }
     with atomic_dir(out_dir, overwrite) as tmp:
         for key in keys:
             path = _file_of(tmp, key)
@@ -290,8 +316,10 @@ def load_megatron_meta(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any]
     path = d / META_FILE
     meta = read_json(path)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {meta.get('format_version')!r} is not "
-                         f"supported; expected {FORMAT_VERSION}")  # fmt: skip
+        raise ValueError(
+            f"{path}: format_version {meta.get('format_version')!r} is not "
+            f"supported; expected {FORMAT_VERSION}"
+        )
     try:
         cfg = from_dict(ModelConfig, meta["model"], prefix="model")
         tp, pp = int(meta["tp"]), int(meta["pp"])
@@ -314,6 +342,10 @@ def load_megatron_dir(
     meta, cfg = load_megatron_meta(ckpt_dir)
     d = Path(ckpt_dir)
     ep = meta["ep"]
-    keys = [shard_key(t, p, e, ep) for p in range(meta["pp"]) for e in range(ep)
-            for t in range(meta["tp"])]  # fmt: skip
+    keys = [
+        shard_key(t, p, e, ep)
+        for p in range(meta["pp"])
+        for e in range(ep)
+        for t in range(meta["tp"])
+    ]
     return {k: _load_safetensors(_file_of(d, k)) for k in keys}, cfg, meta

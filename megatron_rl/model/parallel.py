@@ -7,11 +7,14 @@
 * under ``torchrun`` (or Slurm's ``srun`` exporting the same variables): the usual env:// init;
 * a second call in the same process: returns the existing layout (idempotent).
 
-The layout is validated before any process group exists, with one ``ValueError`` line naming what
-is wrong and what is allowed (TP must divide the heads, PP the layers, ...), so a bad config never
-surfaces as a traceback from inside megatron-core. Data parallelism takes whatever is left:
-``dp = world / (tp * pp * cp)``; a mixture-of-experts model's experts are split on their own grid
-over the same processes (``ep`` x ``etp`` per PP stage, replicated over what is left).
+The layout is validated once, at start-up and before any process group exists, by
+:func:`validate_layout` (``train/preflight.py`` for a run, ``megatron-rl submit`` for a job's
+trainer world), with one ``ValueError`` line naming what is wrong and what is allowed (TP must
+divide the heads, PP the layers, ...), so a bad config never surfaces as a traceback from inside
+megatron-core; :func:`init_distributed` takes a layout that passed it. Data parallelism takes
+whatever is left: ``dp = world / (tp * pp * cp)``; a mixture-of-experts model's experts are split
+on their own grid over the same processes (``ep`` x ``etp`` per PP stage, replicated over what is
+left).
 On CPU the backend is gloo and the compat layer is applied.
 """
 
@@ -52,8 +55,15 @@ class DistInfo:
 
     def shard(self) -> dict[str, int]:
         """This rank's coordinates as ``convert.hf_to_megatron_rank`` takes them."""
-        return dict(tp=self.tp, tp_rank=self.tp_rank, pp=self.pp, pp_rank=self.pp_rank,
-                    ep=self.ep, ep_rank=self.ep_rank, etp=self.etp)  # fmt: skip
+        return dict(
+            tp=self.tp,
+            tp_rank=self.tp_rank,
+            pp=self.pp,
+            pp_rank=self.pp_rank,
+            ep=self.ep,
+            ep_rank=self.ep_rank,
+            etp=self.etp,
+        )
 
     @property
     def is_first_stage(self) -> bool:
@@ -139,25 +149,36 @@ def _validate_experts(parallel: ParallelConfig, world_size: int, model: ModelCon
     ep, etp, pp = parallel.ep, parallel.expert_tp, parallel.pp
     if not model.is_moe:
         if ep > 1:
-            raise ValueError(f"parallel.ep={ep} needs a mixture-of-experts model; model.arch="
-                             f"{model.arch} is dense, use parallel.ep=1")  # fmt: skip
+            raise ValueError(
+                f"parallel.ep={ep} needs a mixture-of-experts model; model.arch="
+                f"{model.arch} is dense, use parallel.ep=1"
+            )
         return
     if model.moe.num_experts % ep:
-        raise ValueError(f"parallel.ep={ep} must divide model.moe.num_experts="
-                         f"{model.moe.num_experts}")  # fmt: skip
+        raise ValueError(
+            f"parallel.ep={ep} must divide model.moe.num_experts={model.moe.num_experts}"
+        )
     if world_size % (ep * etp * pp):
-        raise ValueError(f"world size {world_size} is not divisible by parallel.ep * etp * pp = "
-                         f"{ep} * {etp} * {pp} = {ep * etp * pp}; choose sizes whose product "
-                         "divides it")  # fmt: skip
+        raise ValueError(
+            f"world size {world_size} is not divisible by parallel.ep * etp * pp = "
+            f"{ep} * {etp} * {pp} = {ep * etp * pp}; choose sizes whose product "
+            "divides it"
+        )
     if model.moe.ffn_hidden_size % etp:
-        raise ValueError(f"the expert tensor-parallel degree {etp} (parallel.etp) must divide "
-                         f"model.moe.ffn_hidden_size={model.moe.ffn_hidden_size}")  # fmt: skip
+        raise ValueError(
+            f"the expert tensor-parallel degree {etp} (parallel.etp) must divide "
+            f"model.moe.ffn_hidden_size={model.moe.ffn_hidden_size}"
+        )
     if parallel.cp > 1:
-        raise ValueError(f"parallel.cp={parallel.cp} with a mixture-of-experts model is not "
-                         "supported yet; use parallel.cp=1")  # fmt: skip
+        raise ValueError(
+            f"parallel.cp={parallel.cp} with a mixture-of-experts model is not "
+            "supported yet; use parallel.cp=1"
+        )
     if model.moe.dispatcher == "allgather" and pp > 1:
-        raise ValueError("model.moe.dispatcher=allgather does not take variable sequence "
-                         f"lengths, which parallel.pp={pp} needs; use alltoall")  # fmt: skip
+        raise ValueError(
+            "model.moe.dispatcher=allgather does not take variable sequence "
+            f"lengths, which parallel.pp={pp} needs; use alltoall"
+        )
 
 
 def _init_process_group(backend: str) -> None:
@@ -171,12 +192,10 @@ def _init_process_group(backend: str) -> None:
         dist.init_process_group(backend)
 
 
-def init_distributed(
-    parallel: ParallelConfig, seed: int, model: ModelConfig | None = None
-) -> DistInfo:
+def init_distributed(parallel: ParallelConfig, seed: int) -> DistInfo:
     """Initialise torch.distributed and Megatron's parallel state; idempotent.
 
-    ``model`` (optional) lets the layout check cover heads / query groups / layers.
+    ``parallel`` must fit the world and the model (:func:`validate_layout`, run at start-up).
     """
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
@@ -197,11 +216,7 @@ def init_distributed(
                 f"asking for tp={parallel.tp} pp={parallel.pp} cp={parallel.cp} ep={parallel.ep} "
                 f"etp={parallel.expert_tp}"
             )
-        if model is not None:
-            validate_layout(parallel, info.world_size, model)
         return info
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    validate_layout(parallel, world, model)
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

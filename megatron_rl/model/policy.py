@@ -66,7 +66,7 @@ from megatron_rl.model.gpt import (
     vocab_parallel_logprobs,
 )
 from megatron_rl.model.moe import ROUTES_KEY, RoutingReplay
-from megatron_rl.model.parallel import DistInfo, validate_layout
+from megatron_rl.model.parallel import DistInfo
 from megatron_rl.model.policy_state import PolicyState
 from megatron_rl.packing.batch import PackedBatch, pack, to_device
 
@@ -91,7 +91,6 @@ class Policy(PolicyState):
         self.parallel = ParallelConfig(
             tp=dist_info.tp, pp=dist_info.pp, cp=dist_info.cp, ep=dist_info.ep, etp=dist_info.etp
         )
-        validate_layout(self.parallel, dist_info.world_size, model_cfg)
         # Batches go through the CP split / THD layout (with cp = 1 only when a benchmark swaps
         # in the CP attention to compare kernels; see benchmarks/long_context_cp.py).
         self.cp_layout = dist_info.cp > 1

@@ -68,9 +68,14 @@ class RewardHackingMonitor:
 
     @classmethod
     def from_config(cls, cfg: RewardsConfig) -> RewardHackingMonitor:
-        return cls(cfg.monitor_window, cfg.monitor_jump_threshold, cfg.monitor_eval_ratio,
-                   cfg.monitor_cluster_min_tasks, cfg.monitor_cluster_frac,
-                   cfg.monitor_min_answer_chars)  # fmt: skip
+        return cls(
+            window=cfg.monitor_window,
+            jump_threshold=cfg.monitor_jump_threshold,
+            eval_ratio=cfg.monitor_eval_ratio,
+            cluster_min_tasks=cfg.monitor_cluster_min_tasks,
+            cluster_frac=cfg.monitor_cluster_frac,
+            min_answer_chars=cfg.monitor_min_answer_chars,
+        )
 
     def observe_eval(self, step: int, domain: str, acc: float) -> None:
         """Record held-out eval accuracy of ``domain`` at ``step``."""
@@ -166,19 +171,26 @@ class RewardHackingMonitor:
         cluster: str | None,
     ) -> None:
         picks = [
-            i for i, a in enumerate(answers)
+            i
+            for i, a in enumerate(answers)
             if cluster is None or re.sub(r"\s+", " ", str(a)).strip() == cluster
-        ][:5]  # fmt: skip
+        ][:5]
         if cluster is None:
             picks = sorted(range(len(rewards)), key=lambda i: -rewards[i])[:5]
         sample = {
-            "step": step, "domain": domain, "kind": kind, "detail": detail,
+            "step": step,
+            "domain": domain,
+            "kind": kind,
+            "detail": detail,
             "examples": [
-                {"task_id": str(task_ids[i]), "reward": rewards[i],
-                 "answer": str(answers[i])[:SAMPLE_ANSWER_CHARS]}
+                {
+                    "task_id": str(task_ids[i]),
+                    "reward": rewards[i],
+                    "answer": str(answers[i])[:SAMPLE_ANSWER_CHARS],
+                }
                 for i in picks
             ],
-        }  # fmt: skip
+        }
         self.samples.append(sample)
         self.n_warnings += 1
         log.warning(

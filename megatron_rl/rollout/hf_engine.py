@@ -82,8 +82,10 @@ class _RouteRecorder:
         layers = getattr(getattr(model, "model", None), "layers", None) or []
         gates: list[Any] = [getattr(getattr(x, "mlp", None), "gate", None) for x in layers]
         if not gates or any(g is None or not hasattr(g, "top_k") for g in gates):
-            raise ValueError("rollout.return_routed_experts=true needs an MoE model whose every "
-                             "layer has a top-k router (mlp.gate), e.g. Qwen3-MoE")  # fmt: skip
+            raise ValueError(
+                "rollout.return_routed_experts=true needs an MoE model whose every "
+                "layer has a top-k router (mlp.gate), e.g. Qwen3-MoE"
+            )
         self._last: list[Tensor | None] = [None] * len(gates)
         for i, gate in enumerate(gates):
             gate.register_forward_hook(self._hook(i))
@@ -372,8 +374,12 @@ def fuse_experts(sd: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Ten
             out[name] = t
     for prefix, p in parts.items():
         n = own[f"{prefix}.gate_up_proj"].shape[0]
-        missing = [f"{prefix}.{e}.{w}.weight" for e in range(n)
-                   for w in ("gate_proj", "up_proj", "down_proj") if (e, w) not in p]  # fmt: skip
+        missing = [
+            f"{prefix}.{e}.{w}.weight"
+            for e in range(n)
+            for w in ("gate_proj", "up_proj", "down_proj")
+            if (e, w) not in p
+        ]
         if missing:
             raise ValueError(f"hf engine: missing expert weight(s) {missing[:3]}")
         gate_up = [torch.cat([p[(e, "gate_proj")], p[(e, "up_proj")]]) for e in range(n)]

@@ -111,8 +111,12 @@ class ProcessEngine(RolloutEngine):
         self._lock = threading.Lock()
         self.pid = self._proc.pid
         self._answer("start", START_TIMEOUT_S)
-        log.info("rollout engine %r runs in its own process (pid %d, %d torch threads)",
-                 cfg.engine, self.pid, threads)  # fmt: skip
+        log.info(
+            "rollout engine %r runs in its own process (pid %d, %d torch threads)",
+            cfg.engine,
+            self.pid,
+            threads,
+        )
 
     def _died(self, op: str) -> RuntimeError:
         self._proc.join(5)

@@ -227,9 +227,15 @@ class EmbeddedServer:
             for j, c in enumerate(comps):  # type: ignore[arg-type]
                 sub = rid if req.params.n == 1 else f"{rid}-{j}"
                 outs.append(
-                    completion_to_sglang(c, sub, len(req.prompt_ids), parsed.return_logprob,
-                                         self.weight_version, parsed.return_routed_experts)
-                )  # fmt: skip
+                    completion_to_sglang(
+                        c,
+                        sub,
+                        prompt_len=len(req.prompt_ids),
+                        return_logprob=parsed.return_logprob,
+                        weight_version=self.weight_version,
+                        return_routed_experts=parsed.return_routed_experts,
+                    )
+                )
         if parsed.stream:
             return await stream_response(request, outs)
         return web.json_response(outs[0] if parsed.single and len(outs) == 1 else outs)

@@ -85,9 +85,11 @@ def parse_generate(
     sglang_schema.check_supported_generate(body)
     routed = bool(body.get("return_routed_experts"))
     if routed and not limits.routed_experts:
-        raise ValueError("return_routed_experts: this server does not record routed experts "
-                         "(start it as SGLang with --enable-return-routed-experts; here: "
-                         "rollout.return_routed_experts=true, an MoE model)")  # fmt: skip
+        raise ValueError(
+            "return_routed_experts: this server does not record routed experts "
+            "(start it as SGLang with --enable-return-routed-experts; here: "
+            "rollout.return_routed_experts=true, an MoE model)"
+        )
     prompts, single = _prompts(body, tokenize)
     sps = _sampling_params(body, len(prompts))
     rids = _rids(body.get("rid"), len(prompts), single)

@@ -107,8 +107,10 @@ class SGLangEngine(RolloutEngine):
         """(layers, top-k) of the served MoE model, from its ``config.json``."""
         config = json.loads((Path(self.model_dir) / "config.json").read_text())
         if not config.get("num_experts_per_tok"):
-            raise ValueError(f"rollout.return_routed_experts=true: {self.model_dir}/config.json "
-                             "has no num_experts_per_tok (not an MoE model)")  # fmt: skip
+            raise ValueError(
+                f"rollout.return_routed_experts=true: {self.model_dir}/config.json "
+                "has no num_experts_per_tok (not an MoE model)"
+            )
         return int(config["num_hidden_layers"]), int(config["num_experts_per_tok"])
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -324,8 +324,9 @@ def parse_completion(
     reason = {"length": "length", "abort": "abort"}.get(kind, "stop")
     routes = None
     if routes_shape is not None and reason != "abort":
-        routes = sglang_schema.decode_routed_experts(meta, prompt_len + len(token_ids) - 1,
-                                                     routes_shape)  # fmt: skip
+        routes = sglang_schema.decode_routed_experts(
+            meta, prompt_len + len(token_ids) - 1, routes_shape
+        )
     return Completion(
         token_ids=token_ids,
         text=out.get("text", ""),

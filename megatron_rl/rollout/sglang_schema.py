@@ -305,10 +305,14 @@ def decode_routed_experts(meta: dict[str, Any], rows: int, shape: tuple[int, int
 
     raw = meta.get("routed_experts")
     if not isinstance(raw, str):
-        raise ValueError(f"rid {meta.get('id')}: no meta_info.routed_experts in the answer; "
-                         "start SGLang with --enable-return-routed-experts")  # fmt: skip
+        raise ValueError(
+            f"rid {meta.get('id')}: no meta_info.routed_experts in the answer; "
+            "start SGLang with --enable-return-routed-experts"
+        )
     values = np.frombuffer(base64.b64decode(raw), dtype=np.int32)
     if values.size != rows * shape[0] * shape[1]:
-        raise ValueError(f"rid {meta.get('id')}: routed_experts holds {values.size} ids, "
-                         f"expected {rows} x {shape[0]} x {shape[1]}")  # fmt: skip
+        raise ValueError(
+            f"rid {meta.get('id')}: routed_experts holds {values.size} ids, "
+            f"expected {rows} x {shape[0]} x {shape[1]}"
+        )
     return torch.from_numpy(values.copy()).view(rows, *shape)

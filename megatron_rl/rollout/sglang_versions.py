@@ -90,6 +90,9 @@ class VersionLog:
             self._writer.join()
             self._writer = None
         if self._failed is not None:
-            log.error("writing the weight record failed (restarted servers load the previous "
-                      "version until the next push): %r", self._failed)  # fmt: skip
+            log.error(
+                "writing the weight record failed (restarted servers load the previous "
+                "version until the next push): %r",
+                self._failed,
+            )
             self._failed = None

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from megatron_rl.model.config import OptimizerConfig
+
+# How the token terms of a step add up to its loss (rl.loss_agg; train/losses.py has the formulas).
+LossAgg = Literal[
+    "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+]
+KLEstimator = Literal["k1", "k2", "k3"]  # Schulman's KL estimators (rl.kl_estimator)
 
 
 @dataclass
@@ -54,28 +59,16 @@ class RLConfig:
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.28  # ratio upper clip: 1 + clip_high (clip-higher)
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None: off)
-    loss_agg: Literal[
-        "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
-    ] = "token_mean"  # token aggregation; seq_mean_token_sum_norm: Dr.GRPO's constant normaliser
+    loss_agg: LossAgg = "token_mean"  # token aggregation (train/losses.py); seq_mean_token_sum_norm
+    # divides by Dr.GRPO's constant normaliser
     max_response_tokens: int = 0  # Dr.GRPO constant, tokens per sequence (0: max_new_tokens)
     kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator (k1 only as a reward penalty)
+    kl_estimator: KLEstimator = "k3"  # KL estimator (k1 only as a reward penalty)
     kl_in_reward: bool = False  # subtract kl_coef * sum_t KL_t from each reward, not a loss term
     entropy_coef: float = 0.0  # entropy bonus weight
     tis_cap: float | None = 2.0  # truncated importance sampling cap on pi_train/pi_rollout
     off_policy: bool = False  # overlap generation of step t+1 with training of step t
     max_staleness: int = 1  # max optimizer steps a sample may lag the trainer (checked at load)
-    eval_every: int = 10  # steps between held-out evals
-    eval_samples_per_domain: int = 64  # distinct held-out prompts per domain per eval, each once
-    eval_samples_per_prompt: int = 1  # completions per eval prompt; a prompt scores their mean
-    eval_temperature: float = 0.0  # eval sampling temperature (0: greedy; > 0: sampled pass@1)
-    eval_greedy_also: bool = False  # sampled eval: also score the prompts greedily (eval_greedy/*)
-    eval_train_prompts: int = -1  # distinct training prompts per domain scored at the start and
-    # end (eval_train/*, the memorisation gap); -1: as many as eval_samples_per_domain, 0: none
-    # levels of a before/after held-out sweep per level (evaluation/levels.py; for long-context
-    # domains: accuracy against context length); empty: none
-    eval_levels: list[int] = field(default_factory=list)
-    eval_samples_per_level: int = 128  # distinct held-out prompts per domain per level of it
     routing_replay: Literal["off", "rollout"] = "off"  # MoE: replay the engine's expert choices
     # in the trainer's forward passes (rollout routing replay, arXiv 2510.11370)
     replay_mismatch_every: int = 1  # with routing replay: steps between extra log-prob passes
@@ -100,38 +93,10 @@ class RLConfig:
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"rl.tis_cap must be > 0 or null, got {self.tis_cap}")
         self._validate_kl()
-        self._validate_eval()
         if self.max_response_tokens < 0:
             raise ValueError(f"rl.max_response_tokens must be >= 0, got {self.max_response_tokens}")
         if self.max_staleness < 0:
             raise ValueError(f"rl.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.eval_levels and self.eval_samples_per_level < 1:
-            raise ValueError(
-                f"rl.eval_samples_per_level must be >= 1 with rl.eval_levels set, "
-                f"got {self.eval_samples_per_level}"
-            )
-
-    def _validate_eval(self) -> None:
-        if self.eval_samples_per_domain < 1:
-            raise ValueError(
-                f"rl.eval_samples_per_domain must be >= 1, got {self.eval_samples_per_domain}"
-            )
-        if self.eval_samples_per_prompt < 1:
-            raise ValueError(
-                f"rl.eval_samples_per_prompt must be >= 1, got {self.eval_samples_per_prompt}"
-            )
-        if not (math.isfinite(self.eval_temperature) and 0 <= self.eval_temperature <= 2):
-            raise ValueError(f"rl.eval_temperature must be in [0, 2], got {self.eval_temperature}")
-        if self.eval_temperature == 0 and self.eval_samples_per_prompt > 1:
-            raise ValueError(
-                f"rl.eval_samples_per_prompt={self.eval_samples_per_prompt} needs "
-                "rl.eval_temperature > 0 (greedy decoding gives the same answer every time)"
-            )
-        if self.eval_train_prompts < -1:
-            raise ValueError(
-                f"rl.eval_train_prompts must be -1 (as eval_samples_per_domain), 0 (off) or a "
-                f"count, got {self.eval_train_prompts}"
-            )
 
     def _validate_kl(self) -> None:
         if self.kl_coef < 0:

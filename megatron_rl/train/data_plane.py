@@ -1,4 +1,10 @@
-"""DATAPLANE"""
+"""The data plane between the controller (global rank 0) and the trainer ranks.
+
+The controller ships each rank its data-parallel share of a step (:func:`ship`); every rank
+checks that the ranks of one TP/PP/CP group hold identical micro-batches (:func:`check_lockstep`)
+and agrees on stop signals (:func:`agree_any`); metrics are reduced over DP (:func:`dp_reduce`).
+All of it goes over the CPU control group (:func:`megatron_rl.model.parallel.control_group`).
+"""
 
 from __future__ import annotations
 
@@ -119,17 +125,3 @@ def agree_any(flag: bool) -> bool:
     t = torch.tensor([int(flag)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
     return bool(t.item())
-
-
-def check_rl_layout(parallel: Any, prompts_per_step: int, world_size: int) -> None:
-    """Start-up check, before anything is written: the layout fits and every DP rank has data."""
-    from megatron_rl.model.parallel import validate_layout
-
-    validate_layout(parallel, world_size, None)
-    dp = world_size // (parallel.tp * parallel.pp * parallel.cp)
-    if prompts_per_step < dp:
-        raise ValueError(
-            f"rl.prompts_per_step={prompts_per_step} is below the data-parallel size "
-            f"{dp} (world {world_size} / (parallel.tp * parallel.pp * parallel.cp)); "
-            f"use rl.prompts_per_step >= {dp} so every DP rank can get a group"
-        )

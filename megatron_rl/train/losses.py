@@ -55,21 +55,16 @@ value. Keys: ``loss/total``, ``loss/pg``, ``loss/clip_frac``, ``loss/dual_clip_f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
 from megatron_rl.packing.batch import PackedBatch, to_padded
+from megatron_rl.train.config import KLEstimator, LossAgg, RLConfig
 
-if TYPE_CHECKING:
-    from megatron_rl.train.config import RLConfig
-
-LossAgg = Literal[
-    "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
-]
-LOSS_AGGS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
+LOSS_AGGS = list(get_args(LossAgg))
 K3_CLAMP = 10.0  # upper bound of the per-token k3 estimate (nats), as verl's low_var_kl
 
 
@@ -148,18 +143,31 @@ def _per_token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     return advantages
 
 
-def mismatch_metrics(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Train/inference mismatch over response tokens: mean and max |logp_train - logp_rollout|.
+@dataclass(frozen=True)
+class Mismatch:
+    """The train/inference mismatch |logp_trainer - logp_engine| over some tokens, in nats.
 
-    ``trainer_logp`` is pi_old from the trainer right after a weight sync, ``rollout_logp``
-    what the engine returned for the same tokens; [B, T] each. Keys ``mismatch/mean_abs``,
-    ``mismatch/max_abs``.
+    Sums and token counts add, maxima max, over micro-batches and data-parallel ranks; the mean
+    is taken last (``mismatch/logp_abs_mean`` = summed ``sum`` / summed ``tokens``).
     """
-    diff = (trainer_logp.detach() - rollout_logp.detach()).abs().float()
-    on = mask.bool()
-    if not on.any():
-        return {"mismatch/mean_abs": 0.0, "mismatch/max_abs": 0.0}
-    return {"mismatch/mean_abs": float(diff[on].mean()), "mismatch/max_abs": float(diff[on].max())}
+
+    sum: float  # summed over the tokens
+    max: float  # the largest (0 without tokens)
+    tokens: float  # tokens counted
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.tokens if self.tokens else 0.0
+
+
+def logp_mismatch(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Mismatch:
+    """|logp_trainer - logp_engine| on the tokens where ``mask`` is 1 (the sampled response
+    tokens). ``trainer_logp``: the trainer's log-probs (detached here), ``rollout_logp``: what
+    the engine returned for the same tokens, ``mask``: 0/1; one shape, packed [T] or padded
+    [B, T]."""
+    diff = (trainer_logp.detach() - rollout_logp.detach()).abs() * mask
+    most = float(diff.max()) if diff.numel() else 0.0
+    return Mismatch(sum=float(diff.sum()), max=most, tokens=float(mask.sum()))
 
 
 def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:
@@ -279,13 +287,14 @@ def global_normalizer(
     return step_normalizer(masks, agg, constant)  # type: ignore[arg-type]
 
 
-def drgrpo_constant(cfg: Any) -> float:
+def drgrpo_constant(rl: RLConfig, max_new_tokens: int) -> float:
     """Dr.GRPO's fixed normaliser: max response tokens x sequences a step is configured for.
 
     Liu et al. 2025 divide each sequence's token sum by a constant (the generation budget) and
     average over the batch; with a fixed batch of ``prompts_per_step * group_size`` sequences
     that is one constant for every step, whatever the filter kept or the samples' lengths.
+    ``max_new_tokens``: the engine's budget (``rollout.max_new_tokens``), used when
+    ``rl.max_response_tokens`` is 0.
     """
-    rl = cfg.rl
-    tokens = rl.max_response_tokens or cfg.rollout.max_new_tokens
+    tokens = rl.max_response_tokens or max_new_tokens
     return float(tokens * rl.prompts_per_step * rl.group_size)

@@ -6,6 +6,8 @@ import logging
 import signal
 from typing import Any
 
+from megatron_rl.train.config import CheckpointConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -31,17 +33,21 @@ GRACE_SHARE = 0.75  # a step plus its checkpoint must fit in this share of the g
 _warned_grace: set[int] = set()
 
 
-def outlasts_grace(cfg: Any, step_s: float, ckpt_s: float, step: int) -> bool:
+def outlasts_grace(ckpt: CheckpointConfig, step_s: float, ckpt_s: float, step: int) -> bool:
     """This step plus a checkpoint takes longer than ``checkpoint.preempt_grace_s`` allows:
     a signal in the next step could not be answered with a checkpoint before the kill."""
-    grace = cfg.checkpoint.preempt_grace_s
+    grace = ckpt.preempt_grace_s
     if not grace or step_s + ckpt_s <= GRACE_SHARE * grace:
         return False
     if not _warned_grace:
         log.warning(
             "step %d took %.1f s (+ %.1f s checkpoint), more than %.0f%% of "
             "checkpoint.preempt_grace_s=%.0f: checkpointing every step while that lasts",
-            step, step_s, ckpt_s, 100 * GRACE_SHARE, grace,
-        )  # fmt: skip
+            step,
+            step_s,
+            ckpt_s,
+            100 * GRACE_SHARE,
+            grace,
+        )
         _warned_grace.add(step)
     return True

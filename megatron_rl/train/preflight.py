@@ -11,7 +11,8 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
 * the model: ``model.hf_path`` is a folder with a readable ``config.json``, safetensors weights
   and a tokenizer whose vocabulary fits the model's;
 * the layout: ``parallel.*`` against the world size (``WORLD_SIZE``) and the model's heads,
-  query groups and layers (:func:`megatron_rl.model.parallel.validate_layout`);
+  query groups and layers (:func:`megatron_rl.model.parallel.validate_layout`), and for RL that
+  every data-parallel rank can get a group; the one layout check of a run;
 * the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
   empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
   scheduler accepts them; SFT's ``sft.data`` file exists;
@@ -22,7 +23,9 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
   that returns routed experts here (hf anywhere, vLLM on GPU, SGLang).
 
 Nothing here writes, starts a process group or loads weights (only ``config.json`` and the
-tokenizer are read), so it costs well under a second on the demo.
+tokenizer are read), so it costs well under a second on the demo. :func:`preflight` returns the
+model the run builds (``config.json``'s architecture with the run's training options), so
+start-up reads ``config.json`` once and hands that on.
 """
 
 from __future__ import annotations
@@ -32,25 +35,27 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from megatron_rl.config import RunConfig, validate
-from megatron_rl.model.config import ModelConfig
+from megatron_rl.model.config import ModelConfig, ParallelConfig
 
 REACH_WINDOW_S = 5.0  # how long start-up tries to reach rollout.urls[0] before failing
 # Engines whose Python package must import for them to start (engine name -> module).
 _ENGINE_PACKAGES = {"vllm": "vllm"}
 
 
-def preflight(cfg: RunConfig, kind: str) -> None:
+def preflight(cfg: RunConfig, kind: str) -> ModelConfig:
     """Raise ``ValueError`` on the first thing that would make a ``kind`` run ('rl' or 'sft')
-    fail to start; write nothing. See the module docstring for what is checked."""
+    fail to start; write nothing. Returns the model the run builds (:func:`check_model`). See
+    the module docstring for what is checked."""
     if kind not in ("rl", "sft"):
         raise ValueError(f"run kind must be 'rl' or 'sft', got {kind!r}")
     validate(cfg)  # a config built in code (not by load_config) is checked too
     model = check_model(cfg)
-    check_layout(cfg, model)
+    check_layout(cfg, model, kind)
     if kind == "rl":
         check_routing_replay(cfg, model)
     if kind == "rl" or cfg.sft.data == "domains":
@@ -58,10 +63,13 @@ def preflight(cfg: RunConfig, kind: str) -> None:
     elif not Path(cfg.sft.data).is_file():
         raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
     check_engine(cfg, model)
+    return model
 
 
 def check_model(cfg: RunConfig) -> ModelConfig:
-    """The model architecture the run will build (from ``model.hf_path`` when set)."""
+    """The model the run will build: ``model.*``, or with ``model.hf_path`` the architecture of
+    the checkpoint's ``config.json`` with the run's dtype, recompute and the experts' aux /
+    z-loss weights and dispatcher."""
     if not cfg.model.hf_path:
         return cfg.model
     from megatron_rl.model import hf_io
@@ -69,7 +77,21 @@ def check_model(cfg: RunConfig) -> ModelConfig:
     path = Path(cfg.model.hf_path)
     if not path.is_dir():
         raise ValueError(f"model.hf_path={cfg.model.hf_path!r} is not a folder (no config.json)")
-    _, model = hf_io.load_hf_config(path)
+    _, hf_model = hf_io.load_hf_config(path)
+    mine = cfg.model.moe  # the run's training options for the experts (the shape is HF's)
+    moe = replace(
+        hf_model.moe,
+        aux_loss_coeff=mine.aux_loss_coeff,
+        z_loss_coeff=mine.z_loss_coeff,
+        dispatcher=mine.dispatcher,
+    )
+    model = replace(
+        hf_model,
+        hf_path=cfg.model.hf_path,
+        dtype=cfg.model.dtype,
+        recompute=cfg.model.recompute,
+        moe=moe,
+    )
     if not any(path.glob("*.safetensors")):
         raise ValueError(f"model.hf_path={str(path)!r} holds no *.safetensors weights")
     tokenizer = _load_tokenizer(path)
@@ -90,14 +112,37 @@ def _load_tokenizer(path: Path) -> Any:
         raise ValueError(f"model.hf_path={str(path)!r}: cannot load its tokenizer: {e}") from None
 
 
-def check_layout(cfg: RunConfig, model: ModelConfig) -> None:
-    """``parallel.*`` against the world size this process was started in, and the model."""
+def check_layout(cfg: RunConfig, model: ModelConfig, kind: str = "sft") -> None:
+    """``parallel.*`` against the world size this process was started in, and the model; for
+    an RL run also the data-parallel share (:func:`check_rl_layout`)."""
     from megatron_rl.model.parallel import validate_layout
 
     raw = os.environ.get("WORLD_SIZE", "1")
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"WORLD_SIZE={raw!r} must be a positive integer (set by torchrun)")
-    validate_layout(cfg.parallel, int(raw), model)
+    if kind == "rl":
+        check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(raw), model)
+    else:
+        validate_layout(cfg.parallel, int(raw), model)
+
+
+def check_rl_layout(
+    parallel: ParallelConfig,
+    prompts_per_step: int,
+    world_size: int,
+    model: ModelConfig | None = None,
+) -> None:
+    """The layout fits (:func:`validate_layout`) and every DP rank can get a group."""
+    from megatron_rl.model.parallel import validate_layout
+
+    validate_layout(parallel, world_size, model)
+    dp = world_size // (parallel.tp * parallel.pp * parallel.cp)
+    if prompts_per_step < dp:
+        raise ValueError(
+            f"rl.prompts_per_step={prompts_per_step} is below the data-parallel size "
+            f"{dp} (world {world_size} / (parallel.tp * parallel.pp * parallel.cp)); "
+            f"use rl.prompts_per_step >= {dp} so every DP rank can get a group"
+        )
 
 
 def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
@@ -111,15 +156,19 @@ def check_routing_replay(cfg: RunConfig, model: ModelConfig) -> None:
             f"model.arch={model.arch} is dense: use rl.routing_replay=off"
         )
     if cfg.model.recompute != "none":
-        raise ValueError(f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
-                         "not supported (the recomputed forward would route freely); use "
-                         "model.recompute=none")  # fmt: skip
+        raise ValueError(
+            f"rl.routing_replay=rollout with model.recompute={cfg.model.recompute} is "
+            "not supported (the recomputed forward would route freely); use "
+            "model.recompute=none"
+        )
     import torch
 
     if cfg.rollout.engine == "vllm" and not torch.cuda.is_available():
-        raise ValueError("rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
-                         "returns routed experts only from its V2 model runner, which needs "
-                         "Triton; use rollout.engine=hf on CPU")  # fmt: skip
+        raise ValueError(
+            "rl.routing_replay=rollout with rollout.engine=vllm needs a GPU: vLLM "
+            "returns routed experts only from its V2 model runner, which needs "
+            "Triton; use rollout.engine=hf on CPU"
+        )
 
 
 def check_domains(cfg: RunConfig, scheduler: bool) -> None:

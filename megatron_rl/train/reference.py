@@ -22,8 +22,7 @@ def build_reference(rt: Runtime) -> Policy | None:
         export_hf(rt, src)  # collective; rank 0 writes, every rank then reads it
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-    sd, _ = hf_io.load_hf(src)
-    ref.load_hf_state_dict(sd)
+    ref.load_hf_state_dict(hf_io.load_hf_weights(src, rt.cfg.model))  # config.json read at start
     return ref
 
 

@@ -15,7 +15,6 @@ signal and the kill (``checkpoint.preempt_grace_s``), every step is checkpointed
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -28,7 +27,6 @@ from megatron_rl.rollout import weight_group
 from megatron_rl.train.data_plane import (
     agree_any,
     check_lockstep,
-    check_rl_layout,
     rank_to_dp,
     ship,
 )
@@ -43,12 +41,11 @@ log = logging.getLogger(__name__)
 
 def train_rl(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) RL training; returns the summary also written to summary.json."""
-    check_rl_layout(cfg.parallel, cfg.rl.prompts_per_step, int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.rollout.sglang.weight_sync == "distributed":  # before any process group exists
         weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
     stop = PreemptionFlag()
-    rt = setup_run(cfg, "rl")
+    rt = setup_run(cfg, "rl")  # start-up checks (layout, model, domains, engine) first
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
     ref = build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
@@ -82,7 +79,8 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket;
         # also before an eval and after the last step, so evals score the current weights
         last = step == cfg.train.steps - 1
-        if (step + 1) % cfg.rollout.sync_every == 0 or eval_due(cfg, step) or last:
+        evals = eval_due(cfg.eval, step, cfg.train.steps)
+        if (step + 1) % cfg.rollout.sync_every == 0 or evals or last:
             with t("sync"):
                 sd = rt.policy.hf_state_dict()
                 if ctl:
@@ -95,7 +93,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         stopping = agree_any(stop.requested)
         every = cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0
         # a step too long to finish between a signal and the kill: keep a checkpoint per step
-        unsafe = agree_any(outlasts_grace(cfg, time.time() - t.start, ckpt_s, step))
+        unsafe = agree_any(outlasts_grace(cfg.checkpoint, time.time() - t.start, ckpt_s, step))
         if last or stopping or every or unsafe:
             with carry("checkpoint"):
                 t_ckpt = time.time()

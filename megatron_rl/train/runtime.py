@@ -1,14 +1,14 @@
 """What SFT and RL runs share: run directory, distributed init, policy, resume, export.
 
-``setup_run`` is the single start-up path: validate, create the run directory, save the resolved
-config, initialise torch.distributed + Megatron, build the tokenizer and the policy (from an HF
-checkpoint or random), and resume from the newest complete checkpoint when there is one.
+``setup_run`` is the single start-up path: validate (once: config, model, layout, domains, engine;
+``train/preflight.py``), create the run directory, save the resolved config, initialise
+torch.distributed + Megatron, build the tokenizer and the policy (from an HF checkpoint or random),
+and resume from the newest complete checkpoint when there is one.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,32 +47,14 @@ class Runtime:
         return self.dist.rank == 0
 
 
-def _model_cfg_from_hf(cfg: RunConfig) -> RunConfig:
-    """With ``model.hf_path`` set, the architecture comes from the checkpoint's config.json (the
-    run keeps its dtype, recompute and the experts' aux / z-loss weights and dispatcher)."""
-    if not cfg.model.hf_path:
-        return cfg
-    _, hf_model_cfg = hf_io.load_hf_config(cfg.model.hf_path)
-    mine = cfg.model.moe  # the run's training options for the experts (the shape is HF's)
-    moe = replace(hf_model_cfg.moe, aux_loss_coeff=mine.aux_loss_coeff,
-                  z_loss_coeff=mine.z_loss_coeff, dispatcher=mine.dispatcher)  # fmt: skip
-    model = replace(
-        hf_model_cfg,
-        hf_path=cfg.model.hf_path,
-        dtype=cfg.model.dtype,
-        recompute=cfg.model.recompute,
-        moe=moe,
-    )
-    return replace(cfg, model=model)
-
-
 def setup_run(cfg: RunConfig, kind: str) -> Runtime:
     """Start (or resume) a run of ``kind`` ('sft' or 'rl')."""
-    preflight(cfg, kind)  # everything checked before anything is written (train/preflight.py)
+    # everything checked before anything is written; with model.hf_path, the architecture comes
+    # from the checkpoint's config.json, read there once (train/preflight.py)
+    cfg = replace(cfg, model=preflight(cfg, kind))
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    cfg = _model_cfg_from_hf(cfg)
-    dist = init_distributed(cfg.parallel, cfg.seed, cfg.model)
+    dist = init_distributed(cfg.parallel, cfg.seed)
     run_dir = cfg.run_dir
     if dist.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,8 +68,7 @@ def setup_run(cfg: RunConfig, kind: str) -> Runtime:
         start_step, state = _resume(policy, ckpt, latest)
         log.info("resuming %s run from %s (next step %d)", kind, latest, start_step)
     elif cfg.model.hf_path:
-        sd, _ = hf_io.load_hf(cfg.model.hf_path)
-        policy.load_hf_state_dict(sd)
+        policy.load_hf_state_dict(hf_io.load_hf_weights(cfg.model.hf_path, cfg.model))
         log.info("initialised policy from %s", cfg.model.hf_path)
     tracker = Tracker(
         cfg.tracking,
@@ -145,12 +126,3 @@ def export_hf(
         if not rt.cfg.model.hf_path:
             rt.tokenizer.save_pretrained(str(out))
     return out
-
-
-def copy_tree_atomic(src: Path, dst: Path) -> None:
-    """Copy a folder to ``dst`` through a temp name, replacing what was there."""
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)

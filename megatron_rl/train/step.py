@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,14 +29,20 @@ from megatron_rl.train.data_plane import dp_reduce
 from megatron_rl.train.losses import (
     drgrpo_constant,
     global_normalizer,
+    logp_mismatch,
     rl_loss,
 )
 from megatron_rl.train.optim import lr_at
 
+if TYPE_CHECKING:
+    from megatron_rl.config import RunConfig
+    from megatron_rl.model.policy import Policy
+    from megatron_rl.train.config import RLConfig
+
 
 def train_step(
-    policy: Any,
-    cfg: Any,
+    policy: Policy,
+    cfg: RunConfig,
     batches: list[PackedBatch],
     step: int,
     ref_logprobs: list[torch.Tensor] | None = None,
@@ -54,7 +60,8 @@ def train_step(
     dp = policy.dist.dp
     norm = normalizer
     if norm is None:
-        norm = global_normalizer([batches], rl.loss_agg, drgrpo_constant(cfg))
+        constant = drgrpo_constant(rl, cfg.rollout.max_new_tokens)
+        norm = global_normalizer([batches], rl.loss_agg, constant)
     for b, ref in zip(batches, ref_logprobs or [], strict=False):
         b.extras["ref_lp"] = ref.detach().float()  # travels with the batch to the last stage
 
@@ -76,10 +83,8 @@ def train_step(
             ref_logp=pad(ref) if ref is not None else None,
             entropy=pad(ent) if ent is not None else None,
         )
-        diff = (logp.detach() - b.extras["rollout_lp"]).abs() * b.loss_mask
-        m["mismatch_sum"] = float(diff.sum())
-        m["mismatch_max"] = float(diff.max()) if diff.numel() else 0.0
-        m["tokens"] = float(b.loss_mask.sum())
+        mm = logp_mismatch(logp, b.extras["rollout_lp"], b.loss_mask)
+        m["mismatch_sum"], m["mismatch_max"], m["tokens"] = mm.sum, mm.max, mm.tokens
         return loss * dp, m
 
     t0 = time.time()
@@ -124,26 +129,26 @@ def train_step(
     return metrics
 
 
-def _compare_replay(rl: Any, batches: list[PackedBatch], step: int) -> bool:
+def _compare_replay(rl: RLConfig, batches: list[PackedBatch], step: int) -> bool:
     """Measure the mismatch without routing replay this step (every rank decides alike)."""
     every = rl.replay_mismatch_every
     replayed = bool(batches) and ROUTES_KEY in batches[0].extras
     return replayed and every > 0 and step % every == 0
 
 
-def _mismatch_without_replay(policy: Any, batches: list[PackedBatch]) -> dict[str, float]:
+def _mismatch_without_replay(policy: Policy, batches: list[PackedBatch]) -> dict[str, float]:
     """|logp_trainer - logp_engine| on trained tokens with the trainer routing freely: sum, max."""
-    free = [replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY})
-            for b in batches]  # fmt: skip
+    free = [
+        replace(b, extras={k: v for k, v in b.extras.items() if k != ROUTES_KEY}) for b in batches
+    ]
     total, most = 0.0, 0.0
     for b, (lp, _) in zip(batches, policy.token_logprobs(free), strict=True):
-        diff = (lp - b.extras["rollout_lp"]).abs() * b.loss_mask
-        total += float(diff.sum())
-        most = max(most, float(diff.max()) if diff.numel() else 0.0)
+        mm = logp_mismatch(lp, b.extras["rollout_lp"], b.loss_mask)
+        total, most = total + mm.sum, max(most, mm.max)
     return {"sum": total, "max": most}
 
 
-def _skip(policy: Any) -> dict[str, float]:
+def _skip(policy: Policy) -> dict[str, float]:
     """A NaN/inf loss: drop this step's gradients, keep the weights, count it."""
     policy.zero_grad()
     return {"grad_norm": float("nan"), "lr": 0.0, "skipped": 1.0}

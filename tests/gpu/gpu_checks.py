@@ -180,7 +180,7 @@ def megatron_policy_check(ctx: Ctx) -> dict[str, Any]:
     from megatron_rl.train.config import TrainConfig
 
     _, cfg = hf_io.load_hf_config(str(ctx.model))
-    dist = init_distributed(ParallelConfig(), 0, cfg)
+    dist = init_distributed(ParallelConfig(), 0)
     pol = Policy(cfg, dist, TrainConfig())
     sd, _ = hf_io.load_hf(str(ctx.model))
     pol.load_hf_state_dict(sd)
@@ -216,7 +216,7 @@ def _policy(model_dir: Path, te: bool, train: Any = None) -> Any:
 
     _, hf_cfg = hf_io.load_hf_config(str(model_dir))
     cfg = dataclasses.replace(hf_cfg, dtype="bfloat16")
-    dist = init_distributed(ParallelConfig(), 0, cfg)
+    dist = init_distributed(ParallelConfig(), 0)
     real = parallel.use_te_spec
     users = (gpt, policy, parallel)  # parallel: what moe.use_grouped_gemm asks at call time
     for m in users:

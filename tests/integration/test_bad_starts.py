@@ -31,7 +31,7 @@ def _micro(tmp: Path) -> list[str]:
         f"output_dir={tmp / 'runs'}", "run_name=r", f"model.hf_path={model}",
         f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", "domains.exclude=[]",
         "train.steps=1", "train.threads=1", "rl.prompts_per_step=2", "rl.group_size=2",
-        "rl.eval_samples_per_domain=2", "rl.eval_every=0", "rollout.max_new_tokens=4",
+        "eval.samples_per_domain=2", "eval.every=0", "rollout.max_new_tokens=4",
         "tracking.wandb=disabled", "tracking.progress=false", "scheduler.oversample=1.0",
         "scheduler.filter_zero_variance=false",
     ]  # fmt: skip

@@ -134,6 +134,13 @@ def test_engine_tp_follows_gpus_per_server_in_the_train_command(tmp_path: Path) 
     assert "rollout.sglang.engine_tp=4" in script
 
 
+def test_submit_loads_an_old_eval_key_onto_the_new_one() -> None:
+    cfg, _ = load_with_slurm(str(DEMO), ["slurm.nodes=2", "rl.eval_every=0"])
+    assert cfg.eval.every == 0
+    with pytest.raises(ValueError, match="disagree"):
+        load_with_slurm(str(DEMO), ["rl.eval_every=0", "eval.every=1"])
+
+
 def test_master_addr_is_not_gethostbyname_of_the_hostname(monkeypatch: pytest.MonkeyPatch):
     from megatron_rl.rollout.config import SGLangConfig
     from megatron_rl.rollout.sglang_weights import DistributedWeightSync

@@ -271,7 +271,7 @@ def test_megatron_logits_match_hf_tp1(hf_dirs, arch):
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
 
     sd, cfg = hf_io.load_hf(hf_dirs[arch])
-    init_distributed(ParallelConfig(), seed=0, model=cfg)
+    init_distributed(ParallelConfig(), seed=0)
     try:
         model = build_gpt_model(cfg, pre_process=True, post_process=True).eval()
         result = model.load_state_dict(convert.hf_to_megatron_rank(sd, cfg), strict=False)

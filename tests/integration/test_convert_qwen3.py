@@ -182,7 +182,7 @@ def test_megatron_logits_match_transformers(tmp_path, moe, change):
 
     hf = make_hf(tmp_path / "hf", moe, **change)
     sd, cfg = hf_io.load_hf(hf)
-    init_distributed(ParallelConfig(), seed=0, model=cfg)
+    init_distributed(ParallelConfig(), seed=0)
     try:
         model = build_gpt_model(cfg, pre_process=True, post_process=True).eval()
         result = model.load_state_dict(convert.hf_to_megatron_rank(sd, cfg), strict=False)

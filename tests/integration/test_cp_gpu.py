@@ -69,7 +69,7 @@ def _worker(mode: str, out: Path) -> None:
 
     cp = 1 if mode == "ref" else 2
     cfg = _cfg()
-    info = init_distributed(ParallelConfig(cp=cp), seed=7, model=cfg)
+    info = init_distributed(ParallelConfig(cp=cp), seed=7)
     model = build_gpt_model(
         cfg, pre_process=True, post_process=True, parallel=ParallelConfig(cp=cp)
     )

@@ -64,8 +64,8 @@ def base_overrides(d: Path, steps: int = 2) -> list[str]:
         "train.micro_batch_tokens=160",  # several micro-batches per share
         "rl.prompts_per_step=8",
         "rl.group_size=4",
-        "rl.eval_samples_per_domain=4",
-        "rl.eval_every=0",
+        "eval.samples_per_domain=4",
+        "eval.every=0",
         "rollout.max_new_tokens=16",
         "scheduler.filter_zero_variance=false",
         "scheduler.oversample=1.0",
@@ -178,7 +178,7 @@ def test_one_engine_one_rollout_per_step(runs: Path, run: str) -> None:
     """Only rank 0 builds an engine; it gets the same generate calls as a one-rank run."""
     r0, r1 = ranks(runs, run)
     (ref,) = ranks(runs, "dp1")
-    # held-out and training-prompt sweeps before and after (rl.eval_train_prompts), 2 steps
+    # held-out and training-prompt sweeps before and after (eval.train_prompts), 2 steps
     assert ref["engines"] == 1 and ref["generate_calls"] == 2 * 2 + 2
     assert (r0["engines"], r0["generate_calls"]) == (ref["engines"], ref["generate_calls"])
     assert (r1["engines"], r1["generate_calls"]) == (0, 0)

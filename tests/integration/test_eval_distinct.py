@@ -186,14 +186,14 @@ def test_eval_config_is_validated() -> None:
     from megatron_rl.config import load_config
 
     base = ROOT / "configs" / "demo_cpu.yaml"
-    with pytest.raises(ValueError, match="rl.eval_samples_per_prompt=4 needs rl.eval_temperature"):
-        load_config(base, ["rl.eval_samples_per_prompt=4"])
-    with pytest.raises(ValueError, match="rl.eval_temperature must be in"):
-        load_config(base, ["rl.eval_temperature=-1"])
-    with pytest.raises(ValueError, match="rl.eval_train_prompts"):
-        load_config(base, ["rl.eval_train_prompts=-2"])
-    cfg = load_config(base, ["rl.eval_samples_per_prompt=4", "rl.eval_temperature=1.0"])
-    assert cfg.rl.eval_samples_per_prompt == 4
+    with pytest.raises(ValueError, match="eval.samples_per_prompt=4 needs eval.temperature"):
+        load_config(base, ["eval.samples_per_prompt=4"])
+    with pytest.raises(ValueError, match="eval.temperature must be in"):
+        load_config(base, ["eval.temperature=-1"])
+    with pytest.raises(ValueError, match="eval.train_prompts"):
+        load_config(base, ["eval.train_prompts=-2"])
+    cfg = load_config(base, ["eval.samples_per_prompt=4", "eval.temperature=1.0"])
+    assert cfg.eval.samples_per_prompt == 4
 
 
 def test_curves_skip_per_level_accuracies() -> None:

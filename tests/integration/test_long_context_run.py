@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_long_context_config_learns_from_reward_with_cp2(tmp_path: Path) -> None:
-    overrides = ["train.steps=1", "rl.prompts_per_step=4", "rl.eval_levels=[]",
-                 "rl.eval_samples_per_domain=2", "scheduler.curriculum_start_level=4",
+    overrides = ["train.steps=1", "rl.prompts_per_step=4", "eval.levels=[]",
+                 "eval.samples_per_domain=2", "scheduler.curriculum_start_level=4",
                  f"output_dir={tmp_path}",
                  "tracking.progress=false"]  # fmt: skip
     torchrun(2, ["-m", "launch.cli", "train", "configs/long_context_cpu.yaml", *overrides],

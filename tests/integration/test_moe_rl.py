@@ -30,7 +30,7 @@ TINY_MOE = ROOT / "models" / "tiny-moe"
 def overrides(d: Path) -> list[str]:
     return [f"output_dir={d / 'runs'}", f"domains.task_files=[{d / 'tasks.jsonl'}]",
             "domains.include=['tasks/*']", "domains.exclude=[]", "tracking.wandb=disabled",
-            "tracking.progress=false", "rl.eval_samples_per_domain=4"]  # fmt: skip
+            "tracking.progress=false", "eval.samples_per_domain=4"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

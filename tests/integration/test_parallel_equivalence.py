@@ -135,10 +135,13 @@ def test_bad_layout_is_one_clear_line(parallel, world, model, match) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_init_distributed_rejects_layout_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from megatron_rl.model.parallel import init_distributed
+def test_start_up_rejects_layout_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's one layout check (preflight) refuses before any process group exists."""
+    from megatron_rl.config import load_config
+    from megatron_rl.train.preflight import preflight
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    before = torch.distributed.is_initialized()
     with pytest.raises(ValueError, match="world size 1 is not divisible"):
-        init_distributed(ParallelConfig(pp=2), seed=0)
-    assert not torch.distributed.is_initialized()
+        preflight(load_config(None, ["parallel.pp=2"]), "rl")
+    assert torch.distributed.is_initialized() == before

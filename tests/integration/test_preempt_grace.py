@@ -50,7 +50,7 @@ def test_a_step_longer_than_the_shutdown_timeout_still_leaves_a_checkpoint(tmp_p
         f"output_dir={tmp_path / 'runs'}", "run_name=job", f"model.hf_path={model}",
         f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", "domains.exclude=[]",
         "train.steps=60", "train.threads=1", "rl.prompts_per_step=4", "rl.group_size=8",
-        "rl.eval_samples_per_domain=4", "rl.eval_every=0", "rollout.max_new_tokens=128",
+        "eval.samples_per_domain=4", "eval.every=0", "rollout.max_new_tokens=128",
         "tracking.wandb=disabled", "tracking.progress=false", "scheduler.oversample=1.0",
         "scheduler.filter_zero_variance=false", "checkpoint.every=0",  # only the last, before
         f"checkpoint.preempt_grace_s={GRACE_S}",

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,8 +38,8 @@ def _overrides(d: Path) -> list[str]:
         "train.threads=1",
         "rl.prompts_per_step=2",
         "rl.group_size=4",
-        "rl.eval_samples_per_domain=2",
-        "rl.eval_every=0",
+        "eval.samples_per_domain=2",
+        "eval.every=0",
         "rollout.max_new_tokens=4",
         "tracking.wandb=offline",
         "tracking.progress=false",
@@ -120,3 +121,39 @@ def test_failed_start_leaves_the_run_directory_byte_identical(
     assert len(err) == 1 and err[0].startswith(f"megatron-rl {command}: error:"), err
     assert needle in err[0], err[0]
     assert tree_hash(run) == before
+
+
+def test_start_up_reads_config_json_and_checks_the_layout_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """setup_run reads the model's config.json and validates the layout once (preflight), and
+    hands on the resolved model: the checkpoint's architecture with the run's options."""
+    from megatron_rl.config import load_config
+    from megatron_rl.model import hf_io, parallel
+    from megatron_rl.train.runtime import setup_run
+
+    calls: dict[str, int] = {"config.json": 0, "layout": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            calls[name] += 1
+            return fn(*a, **k)
+
+        return wrapper
+
+    monkeypatch.setattr(hf_io, "load_hf_config", counted("config.json", hf_io.load_hf_config))
+    monkeypatch.setattr(parallel, "validate_layout", counted("layout", parallel.validate_layout))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    make_tiny_qwen2(tmp_path / "model", "test", seed=0)
+    rows = [{"prompt": "Say a.", "gold": "a", "verifier": "regex", "pattern": "[a-z]", "split": s}
+            for s in ("train", "eval")]  # fmt: skip
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [o for o in _overrides(tmp_path) if not o.startswith("tracking.wandb")]
+    cfg = load_config(ROOT / "configs/demo_cpu.yaml", [*overrides, "tracking.wandb=disabled"])
+    cfg.model.recompute = "full"  # a run's own option, kept over the checkpoint's
+    rt = setup_run(cfg, "rl")
+    rt.tracker.finish()
+    assert calls == {"config.json": 1, "layout": 1}
+    _, hf_model = hf_io.load_hf_config(tmp_path / "model")
+    assert rt.cfg.model.hidden_size == hf_model.hidden_size != cfg.model.hidden_size
+    assert rt.cfg.model.recompute == "full" and rt.policy.cfg is rt.cfg.model

@@ -57,8 +57,8 @@ def overrides(d: Path, run: str, steps: int, *extra: str) -> list[str]:
         "train.lr=0.01",
         "rl.prompts_per_step=4",
         "rl.group_size=4",
-        "rl.eval_samples_per_domain=4",
-        "rl.eval_every=0",
+        "eval.samples_per_domain=4",
+        "eval.every=0",
         "rollout.max_new_tokens=8",
         "tracking.wandb=disabled",
         "tracking.progress=false",
@@ -85,8 +85,8 @@ def test_two_steps_change_params_and_log_finite_metrics(setup_dir: Path) -> None
 
     # more held-out prompts asked for than the task set's eval split holds (8 of its 32)
     # and the sampled metric: pass@1 of 2 samples at T=1, plus the greedy pass beside it
-    extra = ["rl.eval_samples_per_domain=64", "rl.eval_train_prompts=5"]
-    extra += ["rl.eval_samples_per_prompt=2", "rl.eval_temperature=1.0", "rl.eval_greedy_also=true"]
+    extra = ["eval.samples_per_domain=64", "eval.train_prompts=5"]
+    extra += ["eval.samples_per_prompt=2", "eval.temperature=1.0", "eval.greedy_also=true"]
     cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "micro", 2, *extra))
     summary = train_rl(cfg)
     run = setup_dir / "runs" / "micro"

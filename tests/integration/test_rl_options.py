@@ -65,8 +65,8 @@ def overrides(d: Path, run: str, steps: int, *extra: str) -> list[str]:
         "train.lr_schedule=constant",
         "rl.prompts_per_step=4",
         "rl.group_size=4",
-        "rl.eval_samples_per_domain=2",
-        "rl.eval_every=0",
+        "eval.samples_per_domain=2",
+        "eval.every=0",
         "rollout.max_new_tokens=8",
         "tracking.wandb=disabled",
         "tracking.progress=false",
@@ -169,7 +169,7 @@ def test_staleness_counts_optimizer_steps_and_evals_see_current_weights(
         return engine
 
     monkeypatch.setattr(controller, "start_engine", start_engine)
-    opts = ["rl.off_policy=true", "rollout.sync_every=2", "rl.max_staleness=2", "rl.eval_every=3"]
+    opts = ["rl.off_policy=true", "rollout.sync_every=2", "rl.max_staleness=2", "eval.every=3"]
     rows = run(setup_dir, "stale", 4, *opts)
     # step 2 was generated (prefetched during step 1) before the sync after step 1: 2 behind
     assert [r["rollout/staleness"] for r in rows] == [0, 1, 2, 1]

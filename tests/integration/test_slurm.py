@@ -80,7 +80,7 @@ def _micro(tmp_path: Path, steps: int) -> list[str]:
         f"output_dir={tmp_path / 'runs'}", "run_name=job", f"model.hf_path={model}",
         f"domains.task_files=[{tasks}]", "domains.include=['tasks/*']", f"train.steps={steps}",
         "train.threads=1", "train.lr=0.01", "rl.prompts_per_step=4", "rl.group_size=4",
-        "rl.eval_samples_per_domain=4", "rl.eval_every=0", "rollout.max_new_tokens=8",
+        "eval.samples_per_domain=4", "eval.every=0", "rollout.max_new_tokens=8",
         "tracking.wandb=disabled", "tracking.progress=false", "checkpoint.every=1",
         "domains.exclude=[]", "scheduler.filter_zero_variance=false", "scheduler.oversample=1.0",
     ]  # fmt: skip

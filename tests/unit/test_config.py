@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from megatron_rl.config import RunConfig, apply_overrides, load_config, save_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_validate() -> None:
@@ -67,3 +72,68 @@ def test_override_into_value_is_rejected() -> None:
 def test_shipped_configs_load() -> None:
     for name in ("configs/base_sft.yaml", "configs/demo_cpu.yaml"):
         load_config(name, [])
+
+
+def test_shipped_configs_use_no_renamed_key(caplog) -> None:
+    for path in [*ROOT.glob("configs/*.yaml"), *ROOT.glob("benchmarks/configs/*.yaml")]:
+        load_config(path, [])
+    assert not _deprecations(caplog)
+
+
+def _deprecations(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+
+
+def test_an_old_eval_key_in_a_file_loads_with_one_warning(tmp_path, caplog) -> None:
+    """A config of before the eval section (a run's saved config.yaml too) still loads."""
+    p = tmp_path / "old.yaml"
+    p.write_text("rl:\n  group_size: 4\n  eval_every: 7\n  eval_levels: [1, 2]\n")
+    cfg = load_config(p, [])
+    assert (cfg.eval.every, cfg.eval.levels, cfg.rl.group_size) == (7, [1, 2], 4)
+    assert _deprecations(caplog) == [
+        "rl.eval_every is deprecated; use eval.every",
+        "rl.eval_levels is deprecated; use eval.levels",
+    ]
+    save_config(cfg, tmp_path / "new.yaml")  # saved under the new keys
+    saved = yaml.safe_load((tmp_path / "new.yaml").read_text())
+    assert "eval_every" not in saved["rl"] and saved["eval"]["every"] == 7
+    assert to_dict(load_config(tmp_path / "new.yaml", [])) == to_dict(cfg)
+
+
+def test_an_old_dotted_override_loads_with_one_warning(tmp_path, caplog) -> None:
+    cfg = load_config(None, ["rl.eval_samples_per_domain=4", "rl.eval_samples_per_domain=4"])
+    assert cfg.eval.samples_per_domain == 4
+    assert _deprecations(caplog) == [
+        "rl.eval_samples_per_domain is deprecated; use eval.samples_per_domain"
+    ]
+    p = tmp_path / "new.yaml"
+    p.write_text("eval:\n  every: 100\n")
+    assert load_config(p, ["rl.eval_every=0"]).eval.every == 0  # an override wins, as ever
+    p.write_text("rl:\n  eval_every: 100\n")
+    assert load_config(p, ["eval.every=0"]).eval.every == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides"),
+    [
+        ("rl:\n  eval_every: 5\neval:\n  every: 6\n", []),
+        ("", ["eval.every=6", "rl.eval_every=5"]),
+        ("", ["rl.eval_temperature=1", "eval.temperature=0.5"]),
+    ],
+)
+def test_an_old_and_a_new_key_that_disagree_are_an_error(tmp_path, text, overrides) -> None:
+    p = tmp_path / "both.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match="disagree; the old key is deprecated, give only eval"):
+        load_config(p, overrides)
+    p.write_text("rl:\n  eval_every: 5\neval:\n  every: 5\n")  # the same value: one warning
+    assert load_config(p, ["rl.eval_temperature=1", "eval.temperature=1.0"]).eval.every == 5
+
+
+def test_a_bad_value_under_an_old_key_names_the_key_and_what_is_allowed() -> None:
+    with pytest.raises(ValueError, match=r"eval.temperature must be in \[0, 2\], got -1"):
+        load_config(None, ["rl.eval_temperature=-1"])
+    with pytest.raises(ValueError, match="eval.samples_per_domain must be an integer"):
+        load_config(None, ["rl.eval_samples_per_domain=many"])
+    with pytest.raises(ValueError, match="unknown config key eval.'nosuch'"):
+        load_config(None, ["eval.nosuch=1"])

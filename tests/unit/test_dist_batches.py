@@ -9,7 +9,8 @@ import torch
 
 from megatron_rl.controller.shares import pack_shares
 from megatron_rl.model.config import ParallelConfig
-from megatron_rl.train.data_plane import batch_hash, check_rl_layout, share_tokens
+from megatron_rl.train.data_plane import batch_hash, share_tokens
+from megatron_rl.train.preflight import check_rl_layout
 
 
 def groups(sizes: list[int], seed: int) -> tuple[list[list[int]], list[list[float]], dict]:

@@ -15,7 +15,7 @@ from megatron_rl.train.losses import (
     entropy_from_logits,
     kl_estimate,
     kl_reward_penalty,
-    mismatch_metrics,
+    logp_mismatch,
     policy_loss,
     rl_loss,
     step_normalizer,
@@ -218,10 +218,18 @@ def test_rl_loss_missing_inputs_are_named() -> None:
         aggregate(x, torch.ones(1, 2), "sum", 1.0)  # type: ignore[arg-type]
 
 
-def test_mismatch_metrics_ignore_padding() -> None:
+def test_mismatch_ignores_padding_and_adds_over_micro_batches() -> None:
     train = torch.tensor([[-1.0, -2.0, -3.0]])
     rollout = torch.tensor([[-1.1, -1.7, 50.0]])
-    m = mismatch_metrics(train, rollout, torch.tensor([[1, 1, 0]]))
-    assert m["mismatch/mean_abs"] == pytest.approx(0.2)
-    assert m["mismatch/max_abs"] == pytest.approx(0.3)
-    assert mismatch_metrics(train, rollout, torch.zeros(1, 3))["mismatch/max_abs"] == 0.0
+    m = logp_mismatch(train, rollout, torch.tensor([[1, 1, 0]]))
+    assert (m.sum, m.max, m.tokens) == (pytest.approx(0.4), pytest.approx(0.3), 2.0)
+    assert m.mean == pytest.approx(0.2)
+    none = logp_mismatch(train, rollout, torch.zeros(1, 3))
+    assert (none.max, none.mean, none.tokens) == (0.0, 0.0, 0.0)
+    empty = logp_mismatch(torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    assert (empty.sum, empty.max) == (0.0, 0.0)
+    # packed rows [T] of two micro-batches: sums and counts add, maxima max, the mean comes last
+    a = logp_mismatch(train[0], rollout[0], torch.tensor([1.0, 0.0, 0.0]))
+    b = logp_mismatch(train[0], rollout[0], torch.tensor([0.0, 1.0, 0.0]))
+    assert (a.sum + b.sum) / (a.tokens + b.tokens) == pytest.approx(m.mean)
+    assert max(a.max, b.max) == pytest.approx(m.max)

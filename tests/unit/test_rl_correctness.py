@@ -214,10 +214,10 @@ def test_domain_temperature_sets_each_domains_sampling_temperature() -> None:
 
 def test_drgrpo_normaliser_is_a_configured_constant() -> None:
     cfg = run_cfg("rl.loss_agg=seq_mean_token_sum_norm", "rl.max_response_tokens=100")
-    constant = drgrpo_constant(cfg)
+    constant = drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
     assert constant == 100 * cfg.rl.prompts_per_step * cfg.rl.group_size
     plain = run_cfg()
-    assert drgrpo_constant(plain) == (
+    assert drgrpo_constant(plain.rl, plain.rollout.max_new_tokens) == (
         plain.rollout.max_new_tokens * plain.rl.prompts_per_step * plain.rl.group_size
     )
     short, long = torch.ones(2, 3), torch.ones(5, 40)

@@ -120,7 +120,7 @@ def policy():
 
     torch.set_num_threads(1)
     sd, cfg = hf_io.load_hf(TINY_MOE)
-    info = init_distributed(ParallelConfig(), seed=0, model=cfg)
+    info = init_distributed(ParallelConfig(), seed=0)
     pol = Policy(cfg, info)
     pol.load_hf_state_dict(sd)
     yield pol

@@ -120,8 +120,10 @@ class DenseFamily:
             None,
             config["hidden_size"] // heads,
         ):
-            raise ValueError(f"head_dim={config['head_dim']} != hidden_size / num_attention_heads "
-                             "is not supported")  # fmt: skip
+            raise ValueError(
+                f"head_dim={config['head_dim']} != hidden_size / num_attention_heads "
+                "is not supported"
+            )
 
     def config_fields(self, config: dict[str, Any]) -> dict[str, Any]:
         """:class:`ModelConfig` keyword arguments read from an HF ``config.json`` dict."""
@@ -149,25 +151,36 @@ class DenseFamily:
     def check_writable(self, cfg: ModelConfig) -> None:
         """Raise if ``cfg`` has a setting this HF architecture cannot hold."""
         if cfg.qkv_bias != self.qkv_bias:
-            raise ValueError(f"model.qkv_bias={cfg.qkv_bias} cannot be written as {self.hf_class}"
-                             f" (its QKV bias is always {str(self.qkv_bias).lower()}; HF "
-                             "attention_bias would also bias o_proj)")  # fmt: skip
+            raise ValueError(
+                f"model.qkv_bias={cfg.qkv_bias} cannot be written as {self.hf_class}"
+                f" (its QKV bias is always {str(self.qkv_bias).lower()}; HF "
+                "attention_bias would also bias o_proj)"
+            )
 
     def hf_fields(self, cfg: ModelConfig) -> dict[str, Any]:
         """The ``config.json`` keys this family sets (the caller keeps every other base key)."""
         return {
-            "architectures": [self.hf_class], "model_type": self.model_type, "hidden_act": "silu",
-            "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_hidden_size,
+            "architectures": [self.hf_class],
+            "model_type": self.model_type,
+            "hidden_act": "silu",
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.ffn_hidden_size,
             "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_query_groups, "num_hidden_layers": cfg.num_layers,
-            "head_dim": cfg.head_dim, "rms_norm_eps": cfg.norm_epsilon,
+            "num_key_value_heads": cfg.num_query_groups,
+            "num_hidden_layers": cfg.num_layers,
+            "head_dim": cfg.head_dim,
+            "rms_norm_eps": cfg.norm_epsilon,
             "rope_theta": cfg.rotary_base,
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
-            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
-            "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
-            "torch_dtype": cfg.dtype, "dtype": cfg.dtype, "attention_dropout": 0.0,
+            "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "initializer_range": cfg.init_std,
+            "torch_dtype": cfg.dtype,
+            "dtype": cfg.dtype,
+            "attention_dropout": 0.0,
             "use_cache": True,
-        }  # fmt: skip
+        }
 
     def drop_hf_keys(self) -> tuple[str, ...]:
         """Base ``config.json`` keys that would be stale or contradict ours."""
@@ -194,20 +207,31 @@ class DenseFamily:
         )
         a = h + "self_attn."
         shapes: dict[str, tuple[int, ...]] = {
-            h + "input_layernorm.weight": (hd,), h + "post_attention_layernorm.weight": (hd,),
-            a + "q_proj.weight": (q_rows, hd), a + "k_proj.weight": (kv_rows, hd),
-            a + "v_proj.weight": (kv_rows, hd), a + "o_proj.weight": (hd, q_rows),
-        }  # fmt: skip
+            h + "input_layernorm.weight": (hd,),
+            h + "post_attention_layernorm.weight": (hd,),
+            a + "q_proj.weight": (q_rows, hd),
+            a + "k_proj.weight": (kv_rows, hd),
+            a + "v_proj.weight": (kv_rows, hd),
+            a + "o_proj.weight": (hd, q_rows),
+        }
         if cfg.qkv_bias:
-            shapes.update({a + "q_proj.bias": (q_rows,), a + "k_proj.bias": (kv_rows,),
-                           a + "v_proj.bias": (kv_rows,)})  # fmt: skip
+            shapes.update(
+                {
+                    a + "q_proj.bias": (q_rows,),
+                    a + "k_proj.bias": (kv_rows,),
+                    a + "v_proj.bias": (kv_rows,),
+                }
+            )
         shapes.update(self.mlp_shapes(cfg, i))
         return shapes
 
     def mlp_shapes(self, cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         m, hd, ffn = f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.ffn_hidden_size
-        return {m + "gate_proj.weight": (ffn, hd), m + "up_proj.weight": (ffn, hd),
-                m + "down_proj.weight": (hd, ffn)}  # fmt: skip
+        return {
+            m + "gate_proj.weight": (ffn, hd),
+            m + "up_proj.weight": (ffn, hd),
+            m + "down_proj.weight": (hd, ffn),
+        }
 
     # ------------------------------------------------------------------ HF -> Megatron
 
@@ -217,8 +241,10 @@ class DenseFamily:
         """Megatron tensors (names without ``decoder.layers.{j}.``) of HF layer ``i``."""
         h = f"model.layers.{i}."
         attn_norm, mlp_norm = self.norm_names(spec)
-        out = {attn_norm: hf_sd[h + "input_layernorm.weight"],
-               mlp_norm: hf_sd[h + "post_attention_layernorm.weight"]}  # fmt: skip
+        out = {
+            attn_norm: hf_sd[h + "input_layernorm.weight"],
+            mlp_norm: hf_sd[h + "post_attention_layernorm.weight"],
+        }
         out.update(self.attention_to_megatron(hf_sd, cfg, h + "self_attn.", rank))
         out.update(self.mlp_to_megatron(hf_sd, cfg, h + "mlp.", rank, spec))
         return out
@@ -253,8 +279,10 @@ class DenseFamily:
         m, h = f"decoder.layers.{local}.", f"model.layers.{i}."
         spec = "te" if st.has(m + NORM_NAMES["te"][0]) else "local"
         attn_norm, mlp_norm = self.norm_names(spec)
-        out = {h + "input_layernorm.weight": st.one(m + attn_norm),
-               h + "post_attention_layernorm.weight": st.one(m + mlp_norm)}  # fmt: skip
+        out = {
+            h + "input_layernorm.weight": st.one(m + attn_norm),
+            h + "post_attention_layernorm.weight": st.one(m + mlp_norm),
+        }
         out.update(self.attention_to_hf(st, cfg, m, h + "self_attn."))
         out.update(self.mlp_to_hf(st, cfg, m, h + "mlp."))
         return out
@@ -318,7 +346,8 @@ def _split_qkv(parts: list[Tensor], cfg: ModelConfig) -> tuple[Tensor, Tensor, T
     per_group = (cfg.num_attention_heads // cfg.num_query_groups) * d
     rest = parts[0].shape[1:]
     # Split each rank's [groups/tp, rows, ...] view first, then one cat per q/k/v: one copy.
-    split = [p.view(local_groups, per_group + 2 * d, *rest).split([per_group, d, d], 1)
-             for p in parts]  # fmt: skip
+    split = [
+        p.view(local_groups, per_group + 2 * d, *rest).split([per_group, d, d], 1) for p in parts
+    ]
     q, k, v = (cat([s[i] for s in split], 0).reshape(-1, *rest) for i in range(3))
     return q, k, v

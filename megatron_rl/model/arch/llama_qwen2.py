@@ -22,8 +22,10 @@ class Llama(DenseFamily):
     def refuse(self, config: dict[str, Any]) -> None:
         super().refuse(config)
         if config.get("attention_bias") or config.get("mlp_bias"):
-            raise ValueError("Llama attention_bias/mlp_bias=true is not supported (Megatron's "
-                             "Llama shape has no o_proj/MLP bias); only false")  # fmt: skip
+            raise ValueError(
+                "Llama attention_bias/mlp_bias=true is not supported (Megatron's "
+                "Llama shape has no o_proj/MLP bias); only false"
+            )
 
     def hf_fields(self, cfg: ModelConfig) -> dict[str, Any]:
         return {**super().hf_fields(cfg), "attention_bias": False, "mlp_bias": False}
@@ -38,8 +40,9 @@ class Qwen2(DenseFamily):
     def refuse(self, config: dict[str, Any]) -> None:
         super().refuse(config)
         if config.get("use_sliding_window"):
-            raise ValueError(f"{self.hf_class} use_sliding_window=true is not supported; "
-                             "only false")  # fmt: skip
+            raise ValueError(
+                f"{self.hf_class} use_sliding_window=true is not supported; only false"
+            )
 
     def hf_fields(self, cfg: ModelConfig) -> dict[str, Any]:
         return {**super().hf_fields(cfg), "use_sliding_window": False}

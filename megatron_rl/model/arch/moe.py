@@ -66,12 +66,22 @@ class MoEMixin(DenseFamily):
         shapes: dict[str, tuple[int, ...]] = {m + "gate.weight": (moe.num_experts, hd)}
         for e in range(moe.num_experts):
             x, f = f"{m}experts.{e}.", moe.ffn_hidden_size
-            shapes.update({x + "gate_proj.weight": (f, hd), x + "up_proj.weight": (f, hd),
-                           x + "down_proj.weight": (hd, f)})  # fmt: skip
+            shapes.update(
+                {
+                    x + "gate_proj.weight": (f, hd),
+                    x + "up_proj.weight": (f, hd),
+                    x + "down_proj.weight": (hd, f),
+                }
+            )
         if moe.shared_ffn_hidden_size:
             x, f = f"{m}{self.hf_shared_expert}.", moe.shared_ffn_hidden_size
-            shapes.update({x + "gate_proj.weight": (f, hd), x + "up_proj.weight": (f, hd),
-                           x + "down_proj.weight": (hd, f)})  # fmt: skip
+            shapes.update(
+                {
+                    x + "gate_proj.weight": (f, hd),
+                    x + "up_proj.weight": (f, hd),
+                    x + "down_proj.weight": (hd, f),
+                }
+            )
             if moe.shared_expert_gate:
                 shapes[f"{m}{self.hf_shared_expert}_gate.weight"] = (1, hd)
         return shapes
@@ -122,5 +132,7 @@ class MoEMixin(DenseFamily):
 def refuse_dense_layers(config: dict[str, Any], hf_class: str) -> None:
     """Every layer must be an MoE layer (all released Qwen MoE checkpoints are)."""
     if int(config.get("decoder_sparse_step", 1)) != 1 or config.get("mlp_only_layers"):
-        raise ValueError(f"{hf_class} with dense layers (decoder_sparse_step != 1 or "
-                         "mlp_only_layers) is not supported; every layer must be MoE")  # fmt: skip
+        raise ValueError(
+            f"{hf_class} with dense layers (decoder_sparse_step != 1 or "
+            "mlp_only_layers) is not supported; every layer must be MoE"
+        )

@@ -55,5 +55,7 @@ class Qwen3Moe(MoEMixin, Qwen3):
     def check_writable(self, cfg: ModelConfig) -> None:
         super().check_writable(cfg)
         if cfg.moe.shared_ffn_hidden_size:
-            raise ValueError(f"model.moe.shared_ffn_hidden_size={cfg.moe.shared_ffn_hidden_size}: "
-                             f"{self.hf_class} has no shared experts; use 0")  # fmt: skip
+            raise ValueError(
+                f"model.moe.shared_ffn_hidden_size={cfg.moe.shared_ffn_hidden_size}: "
+                f"{self.hf_class} has no shared experts; use 0"
+            )

@@ -211,8 +211,16 @@ class CPDotProductAttention(MegatronModule):  # type: ignore[misc]
             return self._whole(query, key, value, packed_seq_params.cu_seqlens_q, prefix_of)
         if cu is None:
             cu = packed_seq_params.cu_seqlens_q
-        out = cp_packed_attention(query, key, value, cu, self.cp_group, self.softmax_scale,
-                                  prefix_of, packed_seq_params.cu_seqlens_q)  # fmt: skip
+        out = cp_packed_attention(
+            query,
+            key,
+            value,
+            cu,
+            group=self.cp_group,
+            scale=self.softmax_scale,
+            prefix_of=prefix_of,
+            cu_seqlens=packed_seq_params.cu_seqlens_q,
+        )
         return out.reshape(out.shape[0], -1)
 
     def _whole(

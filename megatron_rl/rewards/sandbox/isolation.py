@@ -143,22 +143,22 @@ class Launch:
             files += self._file(name, data, f"/data/{name}")
         setenv = [a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)]
         return [
-            "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--proc", "/proc",
-            "--ro-bind-data", str(self._memfd_empty()), "/proc/cmdline",
-            "--dev", "/dev",
-            "--size", size, "--tmpfs", "/dev/shm",
-            "--size", size, "--tmpfs", "/tmp",
-            "--size", size, "--tmpfs", "/work",
+            *["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"],
+            *["--hostname", "sandbox"],
+            *["--ro-bind", "/usr", "/usr"],
+            *["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin"],
+            *["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"],
+            *["--proc", "/proc"],
+            *["--ro-bind-data", str(self._memfd_empty()), "/proc/cmdline"],
+            *["--dev", "/dev"],
+            *["--size", size, "--tmpfs", "/dev/shm"],
+            *["--size", size, "--tmpfs", "/tmp"],
+            *["--size", size, "--tmpfs", "/work"],
             *files,
-            "--remount-ro", "/dev", "--remount-ro", "/",
-            "--chdir", "/work", "--clearenv", *setenv,
+            *["--remount-ro", "/dev", "--remount-ro", "/"],
+            *["--chdir", "/work", "--clearenv", *setenv],
             *(["--info-fd", str(info_fd)] if info_fd is not None else []),
-        ]  # fmt: skip
+        ]
 
     def _memfd_empty(self) -> int:
         self._fds.append(_memfd("empty", b""))
@@ -201,8 +201,11 @@ def _leave_session_keyring() -> None:
     number = _SYS_KEYCTL.get(platform.machine())
     libc = ctypes.CDLL(None, use_errno=True)
     if number is None or libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
-        log.warning("sandbox: cannot give the spawning thread its own session keyring (%s, %s)",
-                    platform.machine(), os.strerror(ctypes.get_errno()))  # fmt: skip
+        log.warning(
+            "sandbox: cannot give the spawning thread its own session keyring (%s, %s)",
+            platform.machine(),
+            os.strerror(ctypes.get_errno()),
+        )
 
 
 def landlock_abi() -> int:
@@ -236,10 +239,18 @@ def _spawner_threads() -> ThreadPoolExecutor:
 
 def _popen(launch: Launch, uid: int | None, fds: tuple[int, ...]) -> subprocess.Popen:
     return subprocess.Popen(
-        launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        pass_fds=(*fds, *launch.pass_fds), start_new_session=True, cwd="/", env=SANDBOX_ENV,
-        user=uid, group=uid, extra_groups=[] if uid is not None else None,
-    )  # fmt: skip
+        launch.argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(*fds, *launch.pass_fds),
+        start_new_session=True,
+        cwd="/",
+        env=SANDBOX_ENV,
+        user=uid,
+        group=uid,
+        extra_groups=[] if uid is not None else None,
+    )
 
 
 def start(

@@ -68,9 +68,12 @@ class SandboxPool:
         self._slots.acquire()
         try:
             future = self._executor.submit(
-                run_program, program, tests, allow_unsandboxed=self.allow_unsandboxed,
+                run_program,
+                program,
+                tests,
+                allow_unsandboxed=self.allow_unsandboxed,
                 limits=limits,
-            )  # fmt: skip
+            )
         except BaseException:
             self._slots.release()
             raise

@@ -98,8 +98,9 @@ def _cgroup(memory_mb: int) -> memory.SandboxCgroup | None:
         return None
 
 
-def _spawn_sandboxed(argv: list[str], files: dict[str, str], fds: tuple[int, ...],
-                     limits: Limits, memory_mb: int) -> _Proc:  # fmt: skip
+def _spawn_sandboxed(
+    argv: list[str], files: dict[str, str], fds: tuple[int, ...], limits: Limits, memory_mb: int
+) -> _Proc:
     """Start ``argv`` (``{H}``/``{D}`` = harness/data dir) in its own sandbox, with ``files``
     copied into its /data and, where the machine allows, its own memory cgroup."""
     argv = [a.replace("{H}", "/harness").replace("{D}", "/data") for a in argv]
@@ -132,17 +133,29 @@ def _spawn_plain(argv: list[str], files: dict[str, str], fds: tuple[int, ...]) -
     env = {**isolation.SANDBOX_ENV, "HOME": workdir}
     try:
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=fds, start_new_session=True, cwd=workdir, env=env,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=fds,
+            start_new_session=True,
+            cwd=workdir,
+            env=env,
+        )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return _Proc(popen, None, workdir=workdir)
 
 
-def _spawn(argv: list[str], files: dict[str, str], fds: tuple[int, ...], limits: Limits,
-           sandboxed: bool, memory_mb: int) -> _Proc:  # fmt: skip
+def _spawn(
+    argv: list[str],
+    files: dict[str, str],
+    fds: tuple[int, ...],
+    limits: Limits,
+    sandboxed: bool,
+    memory_mb: int,
+) -> _Proc:
     if sandboxed:
         return _spawn_sandboxed(argv, files, fds, limits, memory_mb)
     return _spawn_plain(argv, files, fds)
@@ -292,10 +305,10 @@ def _python() -> str:
 def _child_argv(limits: Limits) -> list[str]:
     cpu_s = int(limits.timeout_s) + 1
     return [
-        _python(), "-I", "-S", "-B", "{H}/child.py", "{D}/solution.py",
-        str(limits.memory_mb), str(cpu_s), str(limits.max_procs), str(limits.max_files),
+        *[_python(), "-I", "-S", "-B", "{H}/child.py", "{D}/solution.py"],
+        *[str(limits.memory_mb), str(cpu_s), str(limits.max_procs), str(limits.max_files)],
         str(limits.max_file_mb << 20),
-    ]  # fmt: skip
+    ]
 
 
 def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) -> ExecResult:
@@ -320,9 +333,9 @@ def execute(program: str, tests: str | None, limits: Limits, sandboxed: bool) ->
             procs.append(_spawn(child, solution, fds, limits, sandboxed, limits.memory_mb))
             judge_mb = max(limits.memory_mb, 256)
             judge = [
-                _python(), "-I", "-S", "-B", "{H}/judge.py", "{D}/tests.py", str(judge_mb),
-                str(int(limits.timeout_s) + 1), str(req_w), str(resp_r), str(verdict_w),
-            ]  # fmt: skip
+                *[_python(), "-I", "-S", "-B", "{H}/judge.py", "{D}/tests.py", str(judge_mb)],
+                *[str(int(limits.timeout_s) + 1), str(req_w), str(resp_r), str(verdict_w)],
+            ]
             fds, files = (req_w, resp_r, verdict_w), {"tests.py": tests}
             procs.append(_spawn(judge, files, fds, limits, sandboxed, judge_mb))
             for fd in (req_r, req_w, resp_r, resp_w, verdict_w):

@@ -111,10 +111,13 @@ def _tests_status(got: Collected, res: ExecResult) -> tuple[str, str]:
 def classify(got: Collected, with_tests: bool, duration_s: float, sandboxed: bool) -> ExecResult:
     """The ExecResult for one execution; see the module docstring for what can pass."""
     res = ExecResult(
-        status="error", exit_code=got.exit_codes[0] if got.exit_codes else None,
-        duration_s=duration_s, stdout=_text(got.stdout), stderr=_text(got.stderr),
+        status="error",
+        exit_code=got.exit_codes[0] if got.exit_codes else None,
+        duration_s=duration_s,
+        stdout=_text(got.stdout),
+        stderr=_text(got.stderr),
         sandboxed=sandboxed,
-    )  # fmt: skip
+    )
     if with_tests:
         status, reason = _tests_status(got, res)
     else:

@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = ModelConfig()
-    info = init_distributed(ParallelConfig(tp=args.tp), seed=0, model=cfg)
+    info = init_distributed(ParallelConfig(tp=args.tp), seed=0)
     policy = Policy(cfg, info, TrainConfig(lr=1e-4))
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, cfg.vocab_size, (128,), generator=g).tolist()] * (args.tokens // 128)

@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(1)
     meta, cfg = load_megatron_meta(args.ckpt)
     layout = ParallelConfig(tp=meta["tp"], pp=meta["pp"], ep=meta["ep"], etp=meta["etp"])
-    info = init_distributed(layout, seed=0, model=cfg)
+    info = init_distributed(layout, seed=0)
     policy = Policy(cfg, info)
     ep_rank = info.ep_rank if info.ep > 1 else None  # the per-EP-rank file of a split MoE
     path = rank_file(Path(args.ckpt), info.tp_rank, info.pp_rank, ep_rank)

@@ -135,7 +135,7 @@ def run_layout(cp: int, tp: int, cp_min_tokens: int) -> dict[str, object]:
     cfg = load_config(None, ["rl.loss_agg=token_mean", "train.lr=1e-2", "train.grad_clip=1.0"])
     cfg.train.adam_eps = 1e-4  # well above fp32 noise in near-zero grads: steps compare tightly
     cfg.train.warmup_steps = 0
-    info = init_distributed(ParallelConfig(tp=tp, cp=cp), seed=0, model=CFG)
+    info = init_distributed(ParallelConfig(tp=tp, cp=cp), seed=0)
     policy = Policy(CFG, info, cfg.train, cp_min_tokens=cp_min_tokens)
     policy.load_hf_state_dict(reference_weights(CFG, seed=0))
     data = batches()

@@ -93,7 +93,7 @@ def hf_grads(policy: Policy) -> dict[str, torch.Tensor]:
 
 
 def run_layout(tp: int, ep: int, etp: int) -> dict[str, object]:
-    info = init_distributed(ParallelConfig(tp=tp, ep=ep, etp=etp), seed=0, model=CFG)
+    info = init_distributed(ParallelConfig(tp=tp, ep=ep, etp=etp), seed=0)
     train = TrainConfig(lr=1e-2, grad_clip=1.0, adam_eps=1e-4, steps=2)
     policy = Policy(CFG, info, train)
     policy.load_hf_state_dict(reference_weights(seed=0))

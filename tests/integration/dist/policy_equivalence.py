@@ -113,7 +113,7 @@ def shared_prefix_check(policy: Policy) -> dict[str, object]:
 
 
 def run_layout(tp: int, pp: int) -> dict[str, object]:
-    info = init_distributed(ParallelConfig(tp=tp, pp=pp), seed=0, model=CFG)
+    info = init_distributed(ParallelConfig(tp=tp, pp=pp), seed=0)
     # adam_eps well above fp32 noise in near-zero grads, so the step compares tightly.
     policy = Policy(CFG, info, TrainConfig(lr=1e-2, grad_clip=1.0, adam_eps=1e-4))
     policy.load_hf_state_dict(reference_weights(CFG, seed=0))

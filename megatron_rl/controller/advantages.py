@@ -5,7 +5,12 @@ the same shape; each completion's advantage is then broadcast over its tokens by
 
 - ``grpo``: (r - group mean) / (group std + eps) (Shao et al. 2024, DeepSeekMath). The std is
   the unbiased sample std (``torch.std``, n - 1 in the denominator), as in TRL and verl; a group
-  with one sample, or with equal rewards, gets advantage 0.
+  with one sample, or with equal rewards, gets advantage 0. ``eps`` is ``ADVANTAGE_EPS`` = 1e-4,
+  TRL's (``GRPOTrainer``: ``advantages / (std_rewards + 1e-4)``). It was 1e-6 (verl's) with no
+  recorded reason, and the two differ where rewards are near-equal: a group of partial-credit
+  rewards with std 0.04 gets advantages 0.25% smaller with 1e-4, which the gradient check
+  against TRL (``tests/unit/test_trl_gradients.py``) sees; with 0/1 rewards (std >= 0.35 at
+  n = 8) the difference is below 3e-4.
 - ``drgrpo``: r - group mean, no std division (Liu et al. 2025, "Understanding R1-Zero-Like
   Training"); its other half, the constant length normaliser, is the loss aggregation
   ``seq_mean_token_sum`` with a fixed normaliser (see :mod:`megatron_rl.train.losses`).
@@ -25,6 +30,7 @@ import torch
 from torch import Tensor
 
 AdvantageFn = Callable[[Tensor, float], Tensor]
+ADVANTAGE_EPS = 1e-4  # added to the group std by ``grpo``: TRL's value (module docstring)
 
 
 def grpo(rewards: Tensor, eps: float) -> Tensor:
@@ -66,7 +72,9 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 }
 
 
-def compute_advantages(rewards: Tensor, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
+def compute_advantages(
+    rewards: Tensor, estimator: str = "grpo", eps: float = ADVANTAGE_EPS
+) -> Tensor:
     """Advantages of ``rewards`` [G, n] with the named estimator -> [G, n] (float32 or wider).
 
     Raises ``ValueError`` for an unknown estimator, a tensor that is not 2-D, or non-finite

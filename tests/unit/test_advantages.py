@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from megatron_rl.controller.advantages import ADVANTAGES, compute_advantages
+from megatron_rl.controller.advantages import ADVANTAGE_EPS, ADVANTAGES, compute_advantages
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
 
@@ -24,6 +24,14 @@ def test_grpo_mean_and_unbiased_std() -> None:
     torch.testing.assert_close(adv[1], expected1)
     # equal rewards: zero advantage, no NaN from the zero std
     assert torch.equal(adv[2], torch.zeros(4))
+
+
+def test_grpo_default_eps_is_trls() -> None:
+    """The default std epsilon is TRL's 1e-4 (``GRPOTrainer``: advantages / (std + 1e-4))."""
+    assert ADVANTAGE_EPS == 1e-4
+    r = REWARDS[:2]
+    expected = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+    torch.testing.assert_close(compute_advantages(r), expected, rtol=0, atol=1e-7)
 
 
 def test_drgrpo_is_mean_only() -> None:

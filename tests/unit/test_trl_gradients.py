@@ -380,7 +380,9 @@ def ours(policy: Any, step: dict[str, Any], v: Variant) -> dict[str, Any]:
     shares, _ = build_batches(groups, kept, cfg.rl.advantage, BUDGET, shared_prefix=True)
     batches = shares[0]
     assert len(batches) >= 2  # the normaliser spans micro-batches
-    norm = global_normalizer(shares, cfg.rl.loss_agg, drgrpo_constant(cfg))
+    norm = global_normalizer(
+        shares, cfg.rl.loss_agg, drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
+    )
     adv = _sample_advantages(batches, len(kept) * N)
     weights = step["perturbed"] if v.perturb else step["hf_sd"]
     ref_lp = None
@@ -526,7 +528,7 @@ def test_normaliser_matches_trl(policy: Any, step: dict[str, Any], agg: str) -> 
     cfg = _cfg({"loss_agg": agg})
     shares, _ = build_batches(_groups(step), list(range(len(TASKS))), "grpo", BUDGET,
                               shared_prefix=True)  # fmt: skip
-    norm = global_normalizer(shares, agg, drgrpo_constant(cfg))
+    norm = global_normalizer(shares, agg, drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens))
     theirs = trl(step, VARIANTS[AGGS[agg]])
     inputs = dict(theirs["inputs"])
     inputs["advantages"] = -torch.ones_like(inputs["advantages"])

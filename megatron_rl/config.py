@@ -153,6 +153,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 # Keys that moved (old dotted key -> new one): still loaded, with one warning per old key.
 RENAMED = {f"rl.eval_{f.name}": f"eval.{f.name}" for f in dataclasses.fields(EvalConfig)}
+RENAMED["domains.verify_workers"] = "domains.workers"  # issue 39: they run all domain code
 
 
 def apply_renamed(data: dict[str, Any], overrides: list[str]) -> list[str]:

@@ -19,13 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.controller.admission import Admission, token_length
 from megatron_rl.controller.batches import build_batches, kl_reward_penalties, shared_prefix_enabled
 from megatron_rl.controller.engine import finish, start_engine
 from megatron_rl.controller.generate import RolloutProducer, rollout_metrics
 from megatron_rl.controller.groups import Group
 from megatron_rl.controller.monitoring import log_samples, monitor_step
-from megatron_rl.domains import load_domains
+from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.evaluation import levels as level_eval
+from megatron_rl.evaluation.prompt_cache import PromptCache
+from megatron_rl.evaluation.prompt_sets import Drawing
 from megatron_rl.evaluation.sweeps import RLEval, eval_due, run_eval, summarize
 from megatron_rl.packing.batch import PackedBatch
 from megatron_rl.rewards.monitor import RewardHackingMonitor
@@ -39,15 +42,16 @@ from megatron_rl.train.timer import Timer
 class Controller:
     """Rollout, scoring, selection, advantages, DP partition, weight push, evals and logging."""
 
-    def __init__(self, rt: Runtime, engine_dir: Path, ref: Any = None) -> None:
+    def __init__(
+        self, rt: Runtime, engine_dir: Path, admission: Admission, ref: Any = None
+    ) -> None:
         cfg = rt.cfg
         self.rt, self.cfg = rt, cfg
         self.ref = ref  # the frozen reference, for KL as a reward penalty (rl.kl_in_reward)
-        self.domains = load_domains(
-            cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files
-        )
-        if not self.domains:
-            raise ValueError("domains.include selects no domain; see `megatron-rl domains list`")
+        self.admission = admission  # the domains that fit the policy, and those left out
+        self.domains = admission.domains
+        assert admission.workers is not None
+        self.guard = DomainGuard(admission.workers, cfg.domains, admission.limit)
         infos = [
             DomainInfo(d.name, d.tier, list(d.levels), list(d.tags)) for d in self.domains.values()
         ]
@@ -55,20 +59,40 @@ class Controller:
         state = dict(rt.resumed_state)
         if state:
             self.sched.load_state_dict(state["scheduler"])
+            self.guard.health.load_state_dict(state.get("health", {}))
         self.cursor: dict[str, int] = state.get("cursor", {})
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
-        self.evals = RLEval(cfg, self.domains)  # fixed prompt sets; short splits logged once
+        self.evals = RLEval(cfg, self.domains, self._drawing(), self.guard)  # fixed prompt sets
         self.engine = start_engine(rt, engine_dir)
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
         self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.levels_before = state.get("levels_before") or self.level_sweep()
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
-            self.engine, rt.tokenizer, self.domains, self.sched, self.cursor, cfg, rt.start_step
+            self.engine,
+            rt.tokenizer,
+            self.domains,
+            self.sched,
+            self.cursor,
+            cfg,
+            self.guard,
+            rt.start_step,
         )
         self.groups: list[Group] = []
         self.events: list[dict[str, Any]] = []
+
+    def _drawing(self) -> Drawing:
+        """How the eval prompt sets are drawn: in the domain workers, under the budget, through
+        the cache, keeping only prompts the policy can hold."""
+        d, limit, tok = self.cfg.domains, self.admission.limit, self.rt.tokenizer
+        return Drawing(
+            self.guard.workers,
+            budget_s=d.prompt_budget_s,
+            timeout_s=d.task_timeout_s,
+            cache=PromptCache(d.cache) if d.cache else None,
+            fits=lambda t: token_length(tok, t.prompt, limit) <= limit,
+        )
 
     def rollout(
         self, step: int, t: Timer
@@ -77,13 +101,19 @@ class Controller:
         cfg = self.cfg
         # 1. sample tasks from the domain mix, 2. generate n completions per task,
         # 3. score them with each domain's verifier (one step ahead in off-policy mode)
-        groups, timing = self.producer.get(step)
+        self._quarantine(step)  # (an eval may have quarantined a domain)
+        generated, timing = self.producer.get(step)
         t.spent.update(generate=timing["generate"], score=timing["score"])
+        groups = [g for g in generated if not g.failed]  # a failing domain's group is dropped
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
+        dropped = len(generated) - len(groups) + int(timing["undrawn"])
+        metrics["rollout/groups_dropped"] = dropped
+        self._quarantine(step)
+        metrics.update(self.guard.health.metrics())
         metrics.update(monitor_step(self.rt, self.monitor, step, groups))
         results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
-        kept = self.sched.select(results, cfg.rl.prompts_per_step)
+        kept = self.sched.select(results, min(len(results), cfg.rl.prompts_per_step))
         # refill ran out: train on fewer (default), or on the zero-variance fill (``fill_batch``:
         # advantage 0, so only the loss normaliser sees it; every step trains the same count)
         if cfg.scheduler.filter_zero_variance and not cfg.scheduler.fill_batch:
@@ -117,6 +147,12 @@ class Controller:
         self.groups = groups
         constant = drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
         return shares, global_normalizer(shares, cfg.rl.loss_agg, constant), metrics
+
+    def _quarantine(self, step: int) -> None:
+        """Newly quarantined domains: the mix plans them no more; one event each."""
+        for e in self.guard.health.take_events():
+            self.sched.exclude(e["domain"])
+            self.rt.tracker.event(step, e.pop("event"), **e)
 
     def sync(self, hf_sd: dict[str, Any], optimizer_steps: int) -> dict[str, float]:
         """Push the weights after ``optimizer_steps`` steps to the engine (after a prefetched
@@ -176,16 +212,21 @@ class Controller:
             "eval_before": self.eval_before,
             "levels_before": self.levels_before,
             "wall_s": time.time() - self.wall0,
+            "health": self.guard.health.state_dict(),
         }
 
     def finish(self, preempted_at: int | None) -> dict[str, Any]:
         """Final eval and summary (or the preemption record); shuts the engine down."""
         self.producer.close()
         if preempted_at is not None:
+            self.guard.close()
             return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})
         steps = self.cfg.train.steps
         after = self.evaluate(steps, with_train=True)
-        summary = summarize(self.rt, self.eval_before, after, time.time() - self.wall0, steps)
+        self.guard.close()
+        health = {**self.admission.summary(), **self.guard.health.summary()}
+        wall = time.time() - self.wall0
+        summary = summarize(self.rt, self.eval_before, after, wall, steps, health)
         if self.levels_before:  # accuracy per level, before and after, and the promotions
             promotions = [e for e in self.sched.events if e.get("event") in ("promote", "demote")]
             levels = level_eval.level_report(self.levels_before, self.level_sweep(), promotions)

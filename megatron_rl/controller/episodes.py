@@ -73,8 +73,11 @@ def run_episodes(
     max_tokens: int,
     top_p: float,
     stop: list[str] | None = None,
+    limit: int | None = None,
 ) -> None:
-    """Run ``n`` episodes per group and fill ``group.samples`` (in place)."""
+    """Run ``n`` episodes per group and fill ``group.samples`` (in place). ``limit``: the
+    longest transcript (tokens) a model turn may start from (the context minus ``max_tokens``);
+    an episode that outgrows it ends truncated (``length``) instead of reaching the engine."""
     from megatron_rl.controller.groups import Sample
 
     episodes = {
@@ -83,6 +86,10 @@ def run_episodes(
     temps = {id(g): g.spec.temperature for g in groups}
     for _ in range(MAX_EPISODE_TURNS):
         active = [(gid, e) for gid, eps in episodes.items() for e in eps if not e.done]
+        for _, e in active:
+            if limit is not None and len(e.ids) > limit:
+                e.done, e.finish = True, "length"
+        active = [(gid, e) for gid, e in active if not e.done]
         if not active:
             break
         reqs = [

@@ -2,7 +2,10 @@
 
 Nothing is dropped silently: truncated completions, verifier failures and unparsable answers are
 all counted in :func:`rollout_metrics`; groups filtered later by the scheduler are counted there
-too. The groups themselves are :mod:`megatron_rl.controller.groups`.
+too. Domain code runs through the run's :class:`~megatron_rl.domains.guard.DomainGuard`: a task
+draw or verification that fails or passes its deadline, or a prompt too long for the policy,
+drops that group alone (``rollout/groups_dropped``, ``health/<domain>/<kind>``), and a domain
+that keeps failing is quarantined. The groups themselves are :mod:`megatron_rl.controller.groups`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from megatron_rl.controller.episodes import run_episodes
 from megatron_rl.controller.groups import Group, Sample
-from megatron_rl.domains import Domain, Task, VerifyResult
-from megatron_rl.domains.pool import VerifierPool
+from megatron_rl.domains import Domain, Task
+from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.reward import compose_reward
 from megatron_rl.evaluation.evaluate import safe_verify
 from megatron_rl.model.tokenizer import prompt_ids
@@ -50,13 +53,19 @@ def generate(
     max_tokens: int,
     top_p: float,
     stop: list[str] | None = None,
+    guard: DomainGuard | None = None,
 ) -> list[Group]:
-    """Send every single-turn group to the engine in one call; multi-turn ones run episodes."""
+    """Send every single-turn group to the engine in one call; multi-turn ones run episodes.
+    With ``guard``, a prompt too long for the policy is not sent: its group is marked failed."""
     groups = [Group(spec, task) for spec, task in zip(specs, tasks, strict=True)]
-    single = [g for g in groups if not domains[g.spec.domain].multi_turn]
-    multi = [g for g in groups if domains[g.spec.domain].multi_turn]
-    requests = []
-    for g in single:
+    single, requests = [], []
+    for g in groups:
+        ids = prompt_ids(tokenizer, g.task.prompt)
+        if guard is not None and not guard.fits(g.spec.domain, len(ids)):
+            g.failed = "too_long"
+            continue
+        if domains[g.spec.domain].multi_turn:
+            continue
         params = SamplingParams(
             temperature=g.spec.temperature,
             top_p=top_p,
@@ -64,7 +73,9 @@ def generate(
             n=n,
             stop=list(stop or []),
         )
-        requests.append(GenRequest(prompt_ids(tokenizer, g.task.prompt), params, tag=g.spec.domain))
+        single.append(g)
+        requests.append(GenRequest(ids, params, tag=g.spec.domain))
+    multi = [g for g in groups if domains[g.spec.domain].multi_turn and not g.failed]
     outputs = engine.generate(requests) if requests else []
     for g, req, outs in zip(single, requests, outputs, strict=True):
         g.samples = [
@@ -81,38 +92,34 @@ def generate(
             for c in outs
         ]
     if multi:
-        run_episodes(engine, tokenizer, domains, multi, n, max_tokens, top_p, stop)
+        limit = guard.limit if guard is not None else None
+        run_episodes(engine, tokenizer, domains, multi, n, max_tokens, top_p, stop, limit)
     return groups
-
-
-def _verdicts(
-    groups: list[Group], domains: dict[str, Domain], pool: VerifierPool | None
-) -> list[VerifyResult | None]:
-    """One verdict per sample (None where verification raised), from the pool if there is one."""
-    if pool is not None:
-        pairs = [(g.task, s.text) for g in groups for s in g.samples]
-        try:
-            return list(pool.verify(pairs))
-        except Exception as e:  # noqa: BLE001 - a dead worker pool falls back to inline scoring
-            log.warning("verifier pool failed (%r); scoring this step inline", e)
-    return [safe_verify(domains[g.spec.domain], g.task, s.text) for g in groups for s in g.samples]
 
 
 def score(
     groups: list[Group],
     domains: dict[str, Domain],
     truncated_reward: float | None,
-    pool: VerifierPool | None = None,
+    guard: DomainGuard | None = None,
 ) -> float:
-    """Verify every sample and set its reward; returns seconds spent. Never raises."""
+    """Verify every sample and set its reward; returns seconds spent. Never raises: a group
+    with a failed verification is marked failed (dropped), its domain's failure counted.
+    Without ``guard`` the verifiers run inline here (tests, tools)."""
     t0 = time.time()
-    verdicts = iter(_verdicts(groups, domains, pool))
-    for g in groups:
+    live = [g for g in groups if not g.failed]
+    pairs = [(g.task, s.text) for g in live for s in g.samples]
+    if guard is not None:
+        verdicts = iter(guard.verify(pairs))
+    else:
+        verdicts = iter([safe_verify(domains[t.domain], t, text) for t, text in pairs])
+    for g in live:
         d = domains[g.spec.domain]
         for s in g.samples:
             verdict = next(verdicts)
             if verdict is None:
                 s.reward, s.verifier_error = 0.0, True
+                g.failed = "verify"
             else:
                 s.reward, _ = compose_reward(verdict, s.text, d.reward_weights)
                 s.score, s.parsable = verdict.score, verdict.parsable
@@ -169,24 +176,32 @@ class RolloutProducer:
         sched: Any,
         cursor: dict[str, int],
         cfg: RunConfig,
+        guard: DomainGuard,
         version: int = 0,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.engine, self.tokenizer, self.domains = engine, tokenizer, domains
-        self.sched, self.cursor, self.cfg = sched, cursor, cfg
+        self.sched, self.cursor, self.cfg, self.guard = sched, cursor, cfg, guard
         self.version = version  # optimizer steps in the engine's weights (resume: start step)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self._next: Any = None  # (step, future) of the prefetched step
-        workers = cfg.domains.verify_workers
-        self.pool = VerifierPool(workers, cfg.domains.task_files) if workers > 0 else None
 
-    def _plan(self, step: int) -> tuple[list[GroupSpec], list[Task]]:
+    def _plan(self, step: int) -> tuple[list[GroupSpec], list[Task], int]:
+        """The step's groups and their tasks; a group whose task draw failed is left out (the
+        count of those is the third value)."""
         specs = self.sched.plan(step, self.cfg.rl.prompts_per_step)
-        return specs, make_tasks(specs, self.domains, self.cursor, self.cfg.seed)
+        wanted = []
+        for spec in specs:  # the cursor advances on a failed draw too (a resume draws the same)
+            i = self.cursor.get(spec.domain, 0)
+            self.cursor[spec.domain] = i + 1
+            wanted.append((spec.domain, i, spec.level))
+        tasks = self.guard.tasks(wanted, self.cfg.seed)
+        kept = [(sp, t) for sp, t in zip(specs, tasks, strict=True) if t is not None]
+        return [sp for sp, _ in kept], [t for _, t in kept], len(specs) - len(kept)
 
     def _collect(
-        self, specs: list[GroupSpec], tasks: list[Task], version: int
+        self, specs: list[GroupSpec], tasks: list[Task], undrawn: int, version: int
     ) -> tuple[list[Group], dict[str, float]]:
         t0 = time.time()
         cfg = self.cfg
@@ -200,10 +215,12 @@ class RolloutProducer:
             cfg.rollout.max_new_tokens,
             cfg.rollout.top_p,
             cfg.rollout.stop,
+            self.guard,
         )
         t1 = time.time()
-        score(groups, self.domains, cfg.rewards.truncated_reward, self.pool)
-        return groups, {"generate": t1 - t0, "score": time.time() - t1, "version": version}
+        score(groups, self.domains, cfg.rewards.truncated_reward, self.guard)
+        timing = {"generate": t1 - t0, "score": time.time() - t1, "undrawn": float(undrawn)}
+        return groups, {**timing, "version": version}
 
     def get(self, step: int) -> tuple[list[Group], dict[str, float]]:
         """The scored groups of ``step`` and their timings (seconds) and staleness.
@@ -218,8 +235,8 @@ class RolloutProducer:
             groups, timing = self._collect(*self._plan(step), self.version)
         timing["staleness"] = step - timing.pop("version")
         if self.cfg.rl.off_policy and step + 1 < self.cfg.train.steps:
-            specs, tasks = self._plan(step + 1)
-            self._next = (step + 1, self._pool.submit(self._collect, specs, tasks, self.version))
+            plan = self._plan(step + 1)
+            self._next = (step + 1, self._pool.submit(self._collect, *plan, self.version))
         return groups, timing
 
     def wait(self) -> None:
@@ -233,5 +250,3 @@ class RolloutProducer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self.pool is not None:
-            self.pool.close()

@@ -38,6 +38,7 @@ class Group:
     spec: GroupSpec
     task: Task
     samples: list[Sample] = field(default_factory=list)
+    failed: str = ""  # why the group is dropped (its domain's code failed, prompt too long)
 
     def result(self, advantage: str = "grpo") -> GroupResult:
         """What the scheduler sees of this group (``advantage``: the loop's estimator).

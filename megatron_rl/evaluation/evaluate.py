@@ -30,6 +30,7 @@ from typing import Any
 from megatron_rl.controller.episodes import run_episodes
 from megatron_rl.domains import Domain, Task, VerifyResult
 from megatron_rl.domains.base import stable_int
+from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
@@ -172,6 +173,7 @@ def evaluate(
     samples: int = 1,
     temperature: float = 0.0,
     prompts: PromptSet | None = None,
+    guard: DomainGuard | None = None,
 ) -> EvalResult:
     """Score up to ``n_per_domain`` distinct held-out prompts per domain, each once.
 
@@ -180,7 +182,9 @@ def evaluate(
     completions per prompt at ``temperature`` (greedy: 0 and 1). Single-turn domains get one
     engine call for all their prompts; multi-turn domains (tool use) run their episodes with the
     environment, as in training, and are scored on the last model turn. ``stop``: the run's
-    ``rollout.stop`` strings, as in training.
+    ``rollout.stop`` strings, as in training. ``guard``: the run's deadlined, counted domain
+    calls (a failed verification scores 0 and counts in ``verifier_errors``); without it the
+    verifiers run inline here.
     """
     if samples < 1:
         raise ValueError(f"samples per prompt must be >= 1, got {samples}")
@@ -189,8 +193,9 @@ def evaluate(
     if prompts is None:
         prompts = build_prompt_set(domains, n_per_domain, seed, level)
     tasks = [t for name in domains for t in prompts.tasks.get(name, [])]
+    limit = guard.limit if guard is not None else None
     texts = _responses(
-        engine, tokenizer, domains, tasks, seed, max_tokens, stop, samples, temperature
+        engine, tokenizer, domains, tasks, seed, max_tokens, stop, samples, temperature, limit
     )
     result = EvalResult(
         requested=prompts.requested, samples_per_prompt=samples, temperature=temperature
@@ -198,8 +203,14 @@ def evaluate(
     for name in domains:  # a domain whose split gave no prompt at all is left out
         if prompts.tasks.get(name):
             result.scores[name], result.levels[name] = [], []
+    if guard is not None:
+        pairs = [(t, text) for t, outs in zip(tasks, texts, strict=True) for text in outs]
+        flat = iter(guard.verify(pairs))
     for task, outs in zip(tasks, texts, strict=True):
-        verdicts = [safe_verify(domains[task.domain], task, text) for text in outs]
+        if guard is not None:
+            verdicts = [next(flat) for _ in outs]
+        else:
+            verdicts = [safe_verify(domains[task.domain], task, text) for text in outs]
         result.verifier_errors += sum(v is None for v in verdicts)
         score = sum(v.score for v in verdicts if v is not None) / len(verdicts)
         result.scores[task.domain].append(score)
@@ -221,6 +232,7 @@ def _responses(
     stop: list[str] | None,
     samples: int,
     temperature: float,
+    limit: int | None = None,
 ) -> list[list[str]]:
     """``samples`` responses to each task (the last model turn for multi-turn domains)."""
     from megatron_rl.controller.groups import Group
@@ -246,7 +258,7 @@ def _responses(
         groups = [
             Group(GroupSpec(tasks[i].domain, tasks[i].level, temperature), tasks[i]) for i in multi
         ]
-        run_episodes(engine, tokenizer, domains, groups, samples, max_tokens, 1.0, stop)
+        run_episodes(engine, tokenizer, domains, groups, samples, max_tokens, 1.0, stop, limit)
         for i, g in zip(multi, groups, strict=True):
             texts[i] = [s.text for s in g.samples]
     return texts

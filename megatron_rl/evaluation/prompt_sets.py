@@ -21,10 +21,18 @@ is the memorisation gap.
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from megatron_rl.domains import Domain, Task
 from megatron_rl.domains.sizes import estimate_space
+
+if TYPE_CHECKING:
+    from megatron_rl.domains.workers import DomainWorkers
+    from megatron_rl.evaluation.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,8 @@ class PromptSet:
     tasks: dict[str, list[Task]] = field(default_factory=dict)  # domain -> its distinct tasks
     draws: dict[str, int] = field(default_factory=dict)  # domain -> task draws made
     estimate: dict[str, float] = field(default_factory=dict)  # domain -> estimated split size
+    cut: dict[str, str] = field(default_factory=dict)  # domain -> why its set is cut short
+    # (time budget, generator failure, prompts too long for the policy)
 
     @property
     def distinct(self) -> dict[str, int]:
@@ -67,19 +77,28 @@ def level_quotas(domain: Domain, n: int, level: int | None) -> list[tuple[int, i
 
 
 def draw_distinct(
-    domain: Domain, split: str, n: int, level: int | None, seed: int
+    domain: Domain,
+    split: str,
+    n: int,
+    level: int | None,
+    seed: int,
+    budget_s: float = math.inf,
 ) -> tuple[list[Task], int, float]:
     """Up to ``n`` tasks of ``split`` with distinct prompts; also the draws made and the split's
-    estimated size (summed over levels; ``inf`` where no prompt repeated)."""
+    estimated size (summed over levels; ``inf`` where no prompt repeated). Drawing stops once
+    ``budget_s`` seconds have passed (the estimate is then nan: the split was not explored)."""
     if split not in domain.splits:  # a task file may hold one split only
         return [], 0, 0.0
     seen: set[str] = set()
     tasks: list[Task] = []
     draws, size = 0, 0.0
+    stop_at = time.monotonic() + budget_s
     for lv, quota in level_quotas(domain, n, level):
         found, made = 0, 0
         cap = max(MIN_DRAWS, DRAW_FACTOR * quota)
         while found < quota and made < cap:
+            if time.monotonic() > stop_at:
+                return tasks, draws + made, math.nan
             task = domain.task(split, made, lv, seed)
             made += 1
             if task.prompt in seen:
@@ -92,15 +111,52 @@ def draw_distinct(
     return tasks, draws, size
 
 
+@dataclass
+class Drawing:
+    """How a run draws its sets: in the domain workers (in parallel, each domain under a time
+    budget: drawing stops after ``budget_s``, a worker is killed at ``budget_s + timeout_s``),
+    through the cache, keeping only prompts that ``fits`` (the policy's context)."""
+
+    workers: DomainWorkers
+    budget_s: float = 30.0
+    timeout_s: float = 10.0
+    cache: PromptCache | None = None
+    fits: Callable[[Task], bool] | None = None
+
+
 def build_prompt_set(
-    domains: dict[str, Domain], n: int, seed: int, level: int | None = None, split: str = "eval"
+    domains: dict[str, Domain],
+    n: int,
+    seed: int,
+    level: int | None = None,
+    split: str = "eval",
+    drawing: Drawing | None = None,
 ) -> PromptSet:
-    """The distinct-prompt set of every domain; logs each domain whose split fell short, once."""
+    """The distinct-prompt set of every domain; logs each domain whose split fell short, once.
+    ``drawing``: the run's way (workers, budget, cache, fit); without it, drawn inline here."""
     out = PromptSet(split, n)
+    drawn, failed = _drawn(domains, n, seed, level, split, drawing) if drawing else ({}, {})
     for name, d in domains.items():
-        tasks, draws, size = draw_distinct(d, split, n, level, seed)
+        if drawing is None:
+            tasks, draws, size = draw_distinct(d, split, n, level, seed)
+        else:
+            tasks, draws, size = drawn[name]
+            if name in failed:
+                out.cut[name] = failed[name]
+            elif math.isnan(size):
+                out.cut[name] = f"drawing stopped at its {drawing.budget_s:g} s budget"
+            if drawing.fits is not None:
+                fit = [t for t in tasks if drawing.fits(t)]
+                if len(fit) < len(tasks):
+                    out.cut[name] = f"{len(tasks) - len(fit)} prompts too long for the policy"
+                tasks = fit
         out.tasks[name], out.draws[name], out.estimate[name] = tasks, draws, size
-        if len(tasks) < n:
+        if name in out.cut:
+            why = out.cut[name]
+            log.warning(
+                "%s prompt set of %s: %d of %d prompts (%s)", split, name, len(tasks), n, why
+            )
+        elif len(tasks) < n:
             est = "no repeat seen" if size == float("inf") else f"estimated size ~{size:.0f}"
             log.warning(
                 "%s split of %s holds %d distinct prompts, fewer than the %d requested "
@@ -115,3 +171,45 @@ def build_prompt_set(
                 name,
             )
     return out
+
+
+def _drawn(
+    domains: dict[str, Domain],
+    n: int,
+    seed: int,
+    level: int | None,
+    split: str,
+    drawing: Drawing,
+) -> tuple[dict[str, tuple[list[Task], int, float]], dict[str, str]]:
+    """Every domain's draw (from the cache, else in the workers, all domains in parallel), and
+    the failure of each domain whose generator failed or stalled past the deadline."""
+    from megatron_rl.domains.workers import Call
+
+    out: dict[str, tuple[list[Task], int, float]] = {}
+    failed: dict[str, str] = {}
+    calls = []
+    for name, d in domains.items():
+        hit = drawing.cache.get(d, level, split, seed, n) if drawing.cache else None
+        if hit is not None:
+            out[name] = hit
+        else:
+            args = (split, n, level, seed, drawing.budget_s)
+            calls.append(Call("draw", name, args, drawing.budget_s + drawing.timeout_s))
+    t0 = time.time()
+    for call, o in zip(calls, drawing.workers.run(calls), strict=True):
+        if not o.ok:
+            failed[call.domain] = f"generator {o.failure}: {o.message}"
+            out[call.domain] = [], 0, math.nan
+            continue
+        out[call.domain] = o.value
+        if drawing.cache is not None and not math.isnan(o.value[2]):
+            drawing.cache.put(domains[call.domain], level, split, seed, n, o.value)
+    if calls:
+        log.info(
+            "%s prompt sets: %d drawn in %.1f s, %d from the cache",
+            split,
+            len(calls),
+            time.time() - t0,
+            len(domains) - len(calls),
+        )
+    return out, failed

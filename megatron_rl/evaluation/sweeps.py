@@ -26,10 +26,11 @@ from typing import Any
 
 from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain
+from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.jsonl import append_eval_failures
 from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.evaluation.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
-from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
+from megatron_rl.evaluation.prompt_sets import Drawing, PromptSet, build_prompt_set
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine
 from megatron_rl.scheduler import DomainScheduler
@@ -40,15 +41,22 @@ from megatron_rl.train.runtime import Runtime
 class RLEval:
     """The prompt sets of a run and how its sweeps score them."""
 
-    def __init__(self, cfg: RunConfig, domains: dict[str, Domain]) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        domains: dict[str, Domain],
+        drawing: Drawing | None = None,
+        guard: DomainGuard | None = None,
+    ) -> None:
         ev = cfg.eval
-        self.cfg, self.domains = cfg, domains
+        self.cfg, self.domains, self.guard = cfg, domains, guard
         level = cfg.domains.level
-        self.held_out = build_prompt_set(domains, ev.samples_per_domain, cfg.seed, level)
+        n = ev.samples_per_domain
+        self.held_out = build_prompt_set(domains, n, cfg.seed, level, drawing=drawing)
         n_train = ev.samples_per_domain if ev.train_prompts < 0 else ev.train_prompts
         self.train: PromptSet | None = None
         if n_train:
-            self.train = build_prompt_set(domains, n_train, cfg.seed, level, split="train")
+            self.train = build_prompt_set(domains, n_train, cfg.seed, level, "train", drawing)
         self.constant = constant_baseline(self.held_out)
 
     def score(
@@ -67,6 +75,7 @@ class RLEval:
             samples=1 if greedy else ev.samples_per_prompt,
             temperature=0.0 if greedy else ev.temperature,
             prompts=prompts,
+            guard=self.guard,
         )
 
     @property
@@ -181,9 +190,15 @@ def domain_rows(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict
 
 
 def summarize(
-    rt: Runtime, before: dict[str, Any], after: dict[str, Any], wall_s: float, step: int
+    rt: Runtime,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    wall_s: float,
+    step: int,
+    domains: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """summary.json, the before/after table printed at the end, and the same table in W&B."""
+    """summary.json, the before/after table printed at the end, and the same table in W&B.
+    ``domains``: what the fit check left out and the run quarantined (``domain_health``)."""
     rows = domain_rows(before, after)
     ses = [r["gain_stderr"] for r in rows.values() if r.get("gain_stderr") is not None]
     zs = [r["gain_z"] for r in rows.values() if r.get("gain_z") is not None]
@@ -212,9 +227,13 @@ def summarize(
             summary[f"greedy_{key}"] = res["accuracy"]
     summary.update(steps=rt.cfg.train.steps, wall_s=round(wall_s, 1), run_dir=str(rt.run_dir))
     summary["completed"] = True
+    if domains is not None:
+        summary["domain_health"] = domains
     if rt.is_main:
         (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(format_table(summary))
+        if domains is not None:
+            print(format_health(domains))
         table = [[n, *(r.get(k) for k in TABLE_KEYS)] for n, r in rows.items()]
         rt.tracker.table(step, "eval_summary", ["domain", *TABLE_KEYS], table)
     return summary
@@ -269,3 +288,18 @@ def eval_due(ev: EvalConfig, step: int, steps: int) -> bool:
     """A periodic held-out eval follows ``step`` of ``steps`` (the final one is after the loop)."""
     every = ev.every
     return bool(every) and (step + 1) % every == 0 and step + 1 < steps
+
+
+def format_health(h: dict[str, Any]) -> str:
+    """The end-of-run lines on domains left out at start-up, quarantined, or failing."""
+    left, quarantined = len(h["left_out"]), len(h["quarantined"])
+    out = [f"domains: {h['admitted']} admitted, {left} levels left out, {quarantined} quarantined"]
+    for x in h["left_out"]:
+        level = "" if x["level"] is None else f" level {x['level']}"
+        out.append(f"  left out {x['domain']}{level}: {x['reason']}: {x['detail']}")
+    for name, why in h["quarantined"].items():
+        out.append(f"  quarantined {name}: {why}")
+    failing = {d: f for d, f in h["failures"].items() if d not in h["quarantined"]}
+    for name, per in failing.items():
+        out.append(f"  failures {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(per.items())))
+    return "\n".join(out)

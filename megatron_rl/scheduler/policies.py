@@ -179,8 +179,9 @@ def allocate(weights: np.ndarray, count: int, rng: np.random.Generator) -> np.nd
     """Systematic sampling: integer counts [D] summing to ``count``, each floor/ceil of w*count."""
     if count <= 0:
         return np.zeros(len(weights), dtype=np.int64)
-    edges = np.cumsum(weights) / weights.sum()
+    live = np.flatnonzero(weights > 0)  # a domain with weight 0 (quarantined) gets nothing
+    edges = np.cumsum(weights[live]) / weights[live].sum()
     edges[-1] = 1.0
     points = (rng.random() + np.arange(count)) / count
-    picks = np.searchsorted(edges, points, side="right")
-    return np.bincount(np.minimum(picks, len(weights) - 1), minlength=len(weights))
+    picks = live[np.minimum(np.searchsorted(edges, points, side="right"), len(live) - 1)]
+    return np.bincount(picks, minlength=len(weights))

@@ -88,6 +88,15 @@ class DomainScheduler:
         self.drop = np.zeros((2, n))  # EMA sums of [dropped, generated] groups per domain
         self.events: list[dict[str, Any]] = []  # history: {"step", "event", "domain", ...}
         self.weights = mix_weights(self.policy.scores(self.stats), cfg.floor)
+        self.excluded = np.zeros(n, bool)  # quarantined domains: never planned again
+
+    def exclude(self, name: str) -> None:
+        """Stop planning ``name`` (a quarantined domain); the others share its weight."""
+        if name not in self.pos:
+            raise ValueError(f"exclude: unknown domain {name!r}")
+        if self.excluded.sum() + (not self.excluded[self.pos[name]]) >= len(self.names):
+            raise RuntimeError(f"every domain is quarantined (the last: {name}); nothing to train")
+        self.excluded[self.pos[name]] = True
 
     # --- the four calls of a step --------------------------------------------------------------
     def mix(self) -> np.ndarray:
@@ -98,6 +107,9 @@ class DomainScheduler:
         if self.cfg.lag_boost > 0:
             scores = scores * self._lag_factor()
         self.weights = mix_weights(scores, self.cfg.floor)
+        if self.excluded.any():
+            w = np.where(self.excluded, 0.0, self.weights)
+            self.weights = w / w.sum()
         return self.weights
 
     def _lag_factor(self) -> np.ndarray:
@@ -275,6 +287,7 @@ class DomainScheduler:
             "drop": self.drop.tolist(),
             "events": list(self.events),
             "weights": self.weights.tolist(),
+            "excluded": [n for n, x in zip(self.names, self.excluded, strict=True) if x],
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -294,3 +307,4 @@ class DomainScheduler:
         self.drop = np.asarray(sd["drop"], dtype=float)
         self.events = list(sd["events"])
         self.weights = np.asarray(sd["weights"], dtype=float)
+        self.excluded = np.array([n in set(sd.get("excluded", [])) for n in self.names], bool)

@@ -14,8 +14,9 @@ Checked, each failing with one ``ValueError`` that names the key and what is all
   query groups and layers (:func:`megatron_rl.model.parallel.validate_layout`), and for RL that
   every data-parallel rank can get a group; the one layout check of a run;
 * the domains: every ``domains.include`` / ``exclude`` pattern matches, the selection is not
-  empty (RL; SFT on domains), each has train and eval tasks at ``domains.level``, and the
-  scheduler accepts them; SFT's ``sft.data`` file exists;
+  empty (RL; SFT on domains), each offers ``domains.level`` (no task is drawn here: plugins'
+  generators run in the RL fit check, under a deadline), and the scheduler accepts them;
+  SFT's ``sft.data`` file exists;
 * the rollout engine: registered, its package importable, and for ``sglang`` a configured URL
   that something answers at (rank 0 only, the one process that talks to servers): an
   unreachable router fails here within 5 s (``REACH_WINDOW_S``), in one line;
@@ -181,12 +182,13 @@ def check_domains(cfg: RunConfig, scheduler: bool) -> None:
         raise ValueError(
             "domains.include selects no domain; list them with `megatron-rl domains list`"
         )
-    for dom in domains.values():  # both splits exist at the level the run asks for
-        for split in ("train", "eval"):
-            try:
-                dom.task(split, 0, d.level, cfg.seed)
-            except ValueError as e:
-                raise ValueError(f"domains: {dom.name}: {e} (domains.level={d.level})") from None
+    for dom in domains.values():  # the level the run asks for exists (no draw: a plugin's
+        # generator runs only in the domain workers, under a deadline; controller/admission.py)
+        if d.level is not None and d.level not in dom.levels:
+            raise ValueError(
+                f"domains: {dom.name}: level={d.level} is not a level of {dom.name}; "
+                f"allowed: {dom.levels} (domains.level={d.level})"
+            )
     if scheduler:
         from megatron_rl.scheduler import DomainInfo, DomainScheduler
 

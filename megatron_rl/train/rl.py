@@ -15,14 +15,17 @@ signal and the kill (``checkpoint.preempt_grace_s``), every step is checkpointed
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
+from megatron_rl.controller.admission import admit
 from megatron_rl.controller.controller import Controller
 from megatron_rl.evaluation.sweeps import eval_due
+from megatron_rl.model.tokenizer import load_tokenizer
 from megatron_rl.rollout import weight_group
 from megatron_rl.train.data_plane import (
     agree_any,
@@ -31,6 +34,7 @@ from megatron_rl.train.data_plane import (
     ship,
 )
 from megatron_rl.train.preemption import PreemptionFlag, outlasts_grace
+from megatron_rl.train.preflight import preflight
 from megatron_rl.train.reference import build_reference, reference_logprobs
 from megatron_rl.train.runtime import export_hf, save_checkpoint, setup_run
 from megatron_rl.train.step import train_step
@@ -45,12 +49,16 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
     stop = PreemptionFlag()
-    rt = setup_run(cfg, "rl")  # start-up checks (layout, model, domains, engine) first
+    model = preflight(cfg, "rl")  # start-up checks (layout, model, domains, engine) first
+    # which domains and levels fit this policy (rank 0; domains.strict: refuse before writing)
+    main = os.environ.get("RANK", "0") == "0"
+    fit = admit(cfg, model, load_tokenizer(model.hf_path)) if main else None
+    rt = setup_run(cfg, "rl", model)
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
     ref = build_reference(rt)
     dp_of = rank_to_dp(rt.dist)
     # the only engine and scheduler; trainer ranks wait on the control group (long timeout)
-    ctl = Controller(rt, engine_dir, ref) if rt.is_main else None
+    ctl = Controller(rt, engine_dir, fit, ref) if fit is not None else None
     bar = tqdm(
         range(rt.start_step, cfg.train.steps),
         desc="rl",

@@ -17,6 +17,7 @@ import torch
 
 from megatron_rl.config import RunConfig, save_config, to_dict
 from megatron_rl.model import hf_io
+from megatron_rl.model.config import ModelConfig
 from megatron_rl.model.parallel import DistInfo, init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.model.tokenizer import load_tokenizer
@@ -47,11 +48,12 @@ class Runtime:
         return self.dist.rank == 0
 
 
-def setup_run(cfg: RunConfig, kind: str) -> Runtime:
-    """Start (or resume) a run of ``kind`` ('sft' or 'rl')."""
+def setup_run(cfg: RunConfig, kind: str, model: ModelConfig | None = None) -> Runtime:
+    """Start (or resume) a run of ``kind`` ('sft' or 'rl'); ``model``: what :func:`preflight`
+    returned, where the caller ran it (it is run here otherwise)."""
     # everything checked before anything is written; with model.hf_path, the architecture comes
     # from the checkpoint's config.json, read there once (train/preflight.py)
-    cfg = replace(cfg, model=preflight(cfg, kind))
+    cfg = replace(cfg, model=model if model is not None else preflight(cfg, kind))
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     dist = init_distributed(cfg.parallel, cfg.seed)

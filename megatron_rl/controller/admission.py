@@ -146,7 +146,9 @@ def admit(
         if n > longest.get(key, (-1, ""))[0]:
             longest[key] = (n, task.id)
 
-    workers.run(calls, skip=skip, done=done)
+    first = [c for c in calls if c.args[1] == calls[0].args[1]]  # one sample of every level,
+    workers.run(first, skip=skip, done=done)  # then the rest of the levels still in the running
+    workers.run(calls[len(first) :], skip=skip, done=done)
     left: list[LeftOut] = []
     kept: dict[str, Domain] = {}
     for name, dom in domains.items():

@@ -15,6 +15,7 @@ checkpoint file only; its RNG state is rank 0's, saved with every rank's as befo
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train.losses import drgrpo_constant, global_normalizer
 from megatron_rl.train.runtime import Runtime
 from megatron_rl.train.timer import Timer
+
+log = logging.getLogger(__name__)
 
 
 class Controller:
@@ -63,11 +66,21 @@ class Controller:
         self.cursor: dict[str, int] = state.get("cursor", {})
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
+        clock = [time.time()]
+
+        def lap() -> float:
+            clock.append(time.time())
+            return round(clock[-1] - clock[-2], 1)
+
         self.evals = RLEval(cfg, self.domains, self._drawing(), self.guard)  # fixed prompt sets
+        self.startup = {"fit_check_s": round(admission.seconds, 1), "prompt_sets_s": lap()}
         self.engine = start_engine(rt, engine_dir)
+        self.startup["engine_s"] = lap()
         self.monitor = RewardHackingMonitor.from_config(cfg.rewards)
         self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.levels_before = state.get("levels_before") or self.level_sweep()
+        self.startup["eval_before_s"] = lap()
+        log.info("start-up, seconds: %s", self.startup)
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
             self.engine,
@@ -106,6 +119,8 @@ class Controller:
         t.spent.update(generate=timing["generate"], score=timing["score"])
         groups = [g for g in generated if not g.failed]  # a failing domain's group is dropped
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
+        if step == self.rt.start_step:  # the start-up's parts, once, in the first row
+            metrics.update({f"time/startup/{k}": v for k, v in self.startup.items()})
         dropped = len(generated) - len(groups) + int(timing["undrawn"])
         metrics["rollout/groups_dropped"] = dropped
         self._quarantine(step)
@@ -141,6 +156,10 @@ class Controller:
             shared_prefix=self.shared_prefix,
         )
         metrics.update({**rollout_metrics(groups, kept), **adv_stats})
+        # failed verifications, in the dropped groups too
+        metrics["rollout/verifier_errors"] = sum(
+            s.verifier_error for g in generated for s in g.samples
+        )
         metrics["rollout/staleness"] = timing["staleness"]
         if not kept:
             self.rt.tracker.event(step, "empty_batch", groups=len(groups))

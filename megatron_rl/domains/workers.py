@@ -10,7 +10,7 @@ controller can kill:
   ``signal.alarm`` timeouts stay active;
 - :meth:`DomainWorkers.run` sends a list of :class:`Call` (``task``: ``Domain.task(split, index,
   level, seed)``; ``verify``: ``Domain.verify(task, response)``; ``draw``: a distinct-prompt set,
-  :func:`megatron_rl.evaluation.prompt_sets.draw_distinct`), a few per message, and returns one
+  :func:`megatron_rl.domains.draws.draw_distinct`), a few per message, and returns one
   :class:`Outcome` per call in input order: the value, or a failure (``timeout``, ``error``,
   ``died``, ``skipped``) with its message. It never raises for a domain's fault;
 - a call past its deadline gets its worker killed (SIGKILL) and replaced; the calls queued
@@ -79,7 +79,7 @@ def call_domain(domains: dict[str, Domain], call: Call) -> Any:
     if call.kind == "verify":
         return d.verify(*call.args)
     if call.kind == "draw":
-        from megatron_rl.evaluation.prompt_sets import draw_distinct
+        from megatron_rl.domains.draws import draw_distinct
 
         return draw_distinct(d, *call.args)
     raise ValueError(f"call kind must be 'task', 'verify' or 'draw', got {call.kind!r}")
@@ -177,17 +177,21 @@ class DomainWorkers:
         calls: Sequence[Call],
         skip: Callable[[Call], bool] | None = None,
         done: Callable[[Call, Outcome], None] | None = None,
+        chunk: int = CHUNK,
     ) -> list[Outcome]:
         """One outcome per call, in order. ``skip(call)`` is asked before a call is sent (true:
-        the call fails as 'skipped'); ``done(call, outcome)`` is told each outcome as it comes."""
+        the call fails as 'skipped'); ``done(call, outcome)`` is told each outcome as it comes.
+        ``chunk``: calls per message (1 for long calls, so no worker idles while another holds
+        a queue of them)."""
         with self._lock:
-            return self._run(calls, skip, done)
+            return self._run(calls, skip, done, max(1, chunk))
 
     def _run(
         self,
         calls: Sequence[Call],
         skip: Callable[[Call], bool] | None,
         done: Callable[[Call, Outcome], None] | None,
+        chunk: int,
     ) -> list[Outcome]:
         out: list[Outcome | None] = [None] * len(calls)
 
@@ -206,7 +210,7 @@ class DomainWorkers:
                 if w.queue or not todo:
                     continue
                 batch: list[tuple[int, Call]] = []
-                while todo and len(batch) < CHUNK:
+                while todo and len(batch) < chunk:
                     i, c = todo.popleft()
                     if skip is not None and skip(c):
                         finish(i, Outcome(failure="skipped", message=f"{c.domain} quarantined"))

@@ -2,7 +2,7 @@
 
 A set is a pure function of (domain, level, split, seed, count) and the code that draws it, so
 the key is those five plus a code version: the SHA-256 of the domain class's module file, of
-``megatron_rl/domains/base.py`` (how draws are made) and of ``prompt_sets.py``, and the names and
+``megatron_rl/domains/base.py`` and ``draws.py`` (how draws are made), and the names and
 versions of every installed distribution (a generator package upgraded is a new version). A
 domain whose tasks do not come from a plugin's code (a JSONL task file) is not cached: reading
 the file is already quick. Sets cut short by the time budget are not cached either (their
@@ -49,10 +49,9 @@ def code_version(domain: Domain) -> str | None:
     src = getattr(module, "__file__", None)
     if not src:
         return None
-    from megatron_rl.domains import base
-    from megatron_rl.evaluation import prompt_sets
+    from megatron_rl.domains import base, draws
 
-    parts = [_file_sha(src), _file_sha(base.__file__), _file_sha(prompt_sets.__file__)]
+    parts = [_file_sha(src), _file_sha(base.__file__), _file_sha(draws.__file__)]
     return hashlib.sha256("|".join([*parts, _distributions()]).encode()).hexdigest()[:20]
 
 

@@ -25,10 +25,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from megatron_rl.domains import Domain, Task
-from megatron_rl.domains.sizes import estimate_space
+from megatron_rl.domains.draws import DRAW_FACTOR, MIN_DRAWS, draw_distinct, level_quotas
 
 if TYPE_CHECKING:
     from megatron_rl.domains.workers import DomainWorkers
@@ -36,8 +36,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRAW_FACTOR = 4  # task draws per requested prompt before a split is declared too small
-MIN_DRAWS = 64  # draws always allowed per level, however few prompts it is asked for
+__all__ = [  # the draw itself lives in megatron_rl/domains/draws.py (the workers run it)
+    "DRAW_FACTOR",
+    "MIN_DRAWS",
+    "Drawing",
+    "PromptSet",
+    "build_prompt_set",
+    "draw_distinct",
+    "level_quotas",
+]
 
 
 @dataclass
@@ -60,55 +67,6 @@ class PromptSet:
     def short(self) -> list[str]:
         """Domains whose split gave fewer distinct prompts than requested."""
         return [k for k, v in self.tasks.items() if len(v) < self.requested]
-
-
-def level_quotas(domain: Domain, n: int, level: int | None) -> list[tuple[int, int]]:
-    """``(level, prompts)`` pairs: all ``n`` at a fixed level, else ``n`` spread over levels.
-
-    A fixed level the domain lacks falls back to its easiest (a shared ``domains.level`` may
-    not exist in every selected domain).
-    """
-    if level is not None:
-        return [(level if level in domain.levels else domain.levels[0], n)]
-    k = len(domain.levels)
-    return [
-        (lv, n // k + (i < n % k)) for i, lv in enumerate(domain.levels) if n // k + (i < n % k)
-    ]
-
-
-def draw_distinct(
-    domain: Domain,
-    split: str,
-    n: int,
-    level: int | None,
-    seed: int,
-    budget_s: float = math.inf,
-) -> tuple[list[Task], int, float]:
-    """Up to ``n`` tasks of ``split`` with distinct prompts; also the draws made and the split's
-    estimated size (summed over levels; ``inf`` where no prompt repeated). Drawing stops once
-    ``budget_s`` seconds have passed (the estimate is then nan: the split was not explored)."""
-    if split not in domain.splits:  # a task file may hold one split only
-        return [], 0, 0.0
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    draws, size = 0, 0.0
-    stop_at = time.monotonic() + budget_s
-    for lv, quota in level_quotas(domain, n, level):
-        found, made = 0, 0
-        cap = max(MIN_DRAWS, DRAW_FACTOR * quota)
-        while found < quota and made < cap:
-            if time.monotonic() > stop_at:
-                return tasks, draws + made, math.nan
-            task = domain.task(split, made, lv, seed)
-            made += 1
-            if task.prompt in seen:
-                continue
-            seen.add(task.prompt)
-            tasks.append(task)
-            found += 1
-        draws += made
-        size += estimate_space(made, found)
-    return tasks, draws, size
 
 
 @dataclass
@@ -196,14 +154,23 @@ def _drawn(
             args = (split, n, level, seed, drawing.budget_s)
             calls.append(Call("draw", name, args, drawing.budget_s + drawing.timeout_s))
     t0 = time.time()
-    for call, o in zip(calls, drawing.workers.run(calls), strict=True):
+
+    marks = {len(calls) * q // 4: q * 25 for q in (1, 2, 3)}  # progress lines at 25/50/75%
+
+    def done(call: Call, o: Any) -> None:  # cached as each arrives: a crash loses none of them
+        pct = marks.get(len(out) - (len(domains) - len(calls)) + 1)
+        if pct is not None:
+            took = time.time() - t0
+            log.info("%s prompt sets: %d%% of %d drawn (%.0f s)", split, pct, len(calls), took)
         if not o.ok:
             failed[call.domain] = f"generator {o.failure}: {o.message}"
             out[call.domain] = [], 0, math.nan
-            continue
+            return
         out[call.domain] = o.value
         if drawing.cache is not None and not math.isnan(o.value[2]):
             drawing.cache.put(domains[call.domain], level, split, seed, n, o.value)
+
+    drawing.workers.run(calls, done=done, chunk=1)
     if calls:
         log.info(
             "%s prompt sets: %d drawn in %.1f s, %d from the cache",

@@ -192,9 +192,9 @@ def test_verifier_errors_nan_loss_and_empty_batches_are_counted(setup_dir, monke
     calls = {"n": 0}
     real_verify = JsonlDomain.verify
 
-    def flaky_verify(self, task, response):  # every other call raises
+    def flaky_verify(self, task, response):  # one call in 16 raises: its group is dropped
         calls["n"] += 1
-        if calls["n"] % 2:
+        if calls["n"] % 16 == 0:
             raise RuntimeError("verifier exploded")
         return real_verify(self, task, response)
 
@@ -206,10 +206,13 @@ def test_verifier_errors_nan_loss_and_empty_batches_are_counted(setup_dir, monke
 
     monkeypatch.setattr(JsonlDomain, "verify", flaky_verify)
     monkeypatch.setattr(rl_step, "rl_loss", nan_loss)
-    cfg = load_config(ROOT / "configs/demo_cpu.yaml", overrides(setup_dir, "faulty", 2))
-    train_rl(cfg)
+    # inline domain calls (domains.workers=0), so the patched verifier is the one that runs
+    over = [*overrides(setup_dir, "faulty", 2), "domains.workers=0"]
+    train_rl(load_config(ROOT / "configs/demo_cpu.yaml", over))
     rows = train_rows(setup_dir / "runs" / "faulty")
     assert all(r["rollout/verifier_errors"] > 0 for r in rows)
+    assert all(r["rollout/groups_dropped"] > 0 and r["rollout/groups_trained"] > 0 for r in rows)
+    assert all(any(k.endswith("/verify_error") for k in r) for r in rows)
     assert all(r["train/nan_loss"] == 1.0 and r["train/skipped_steps"] == 1.0 for r in rows)
     before, _ = hf_io.load_hf(setup_dir / "model")
     after, _ = hf_io.load_hf(setup_dir / "runs" / "faulty" / "checkpoints" / "step_000001" / "hf")

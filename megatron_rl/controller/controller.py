@@ -120,7 +120,7 @@ class Controller:
         groups = [g for g in generated if not g.failed]  # a failing domain's group is dropped
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
         if step == self.rt.start_step:  # the start-up's parts, once, in the first row
-            metrics.update({f"time/startup/{k}": v for k, v in self.startup.items()})
+            metrics.update({f"startup/{k}": v for k, v in self.startup.items()})
         dropped = len(generated) - len(groups) + int(timing["undrawn"])
         metrics["rollout/groups_dropped"] = dropped
         self._quarantine(step)

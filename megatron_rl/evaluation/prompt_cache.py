@@ -16,11 +16,11 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from megatron_rl.domains import Domain, Task
 
@@ -56,7 +56,7 @@ def code_version(domain: Domain) -> str | None:
 
 
 class PromptCache:
-    """Prompt sets under ``root`` (``~`` expanded), one JSON file per key."""
+    """Prompt sets under ``root`` (``~`` expanded), one file per key."""
 
     def __init__(self, root: str) -> None:
         self.root = Path(os.path.expanduser(root))
@@ -69,7 +69,7 @@ class PromptCache:
             return None
         key = json.dumps([domain.name, level, split, seed, n, version])
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return self.root / domain.name.replace("/", "__").replace("@", "_at_") / f"{digest}.json"
+        return self.root / domain.name.replace("/", "__").replace("@", "_at_") / f"{digest}.pkl"
 
     def get(
         self, domain: Domain, level: int | None, split: str, seed: int, n: int
@@ -78,11 +78,11 @@ class PromptCache:
         if path is None or not path.is_file():
             return None
         try:
-            data = json.loads(path.read_text())
-            tasks = [Task.from_dict(t) for t in data["tasks"]]
-            size = float(data["estimate"]) if data["estimate"] is not None else float("inf")
-            return tasks, int(data["draws"]), size
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            tasks, draws, size = pickle.loads(path.read_bytes())
+            if not all(isinstance(t, Task) for t in tasks):
+                raise TypeError("not a list of tasks")
+            return list(tasks), int(draws), float(size)
+        except Exception as e:  # noqa: BLE001 - any unreadable entry is a miss
             log.debug("prompt cache entry %s unreadable (%r): drawing again", path, e)
             return None
 
@@ -98,22 +98,14 @@ class PromptCache:
         path = self._path(domain, level, split, seed, n)
         if path is None:
             return
-        tasks, draws, size = value
-        record: dict[str, Any] = {
-            "tasks": [t.to_dict() for t in tasks],
-            "draws": draws,
-            "estimate": None if size == float("inf") else size,
-        }
         try:
-            text = json.dumps(record)
-            if json.loads(text)["tasks"] != record["tasks"]:
-                return  # a task's meta that JSON changes (tuples, int keys): not cached
-        except (TypeError, ValueError):
-            return  # a task's meta that JSON cannot hold: not cached
+            data = pickle.dumps(value)
+        except Exception:  # noqa: BLE001 - a task's meta that cannot be pickled: not cached
+            return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(text)
+            tmp.write_bytes(data)
             tmp.replace(path)
         except OSError as e:
             log.warning("prompt cache at %s not writable (%r); going on without it", self.root, e)

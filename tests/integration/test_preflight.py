@@ -87,7 +87,7 @@ BAD = [
     # (command, bad overrides, what the one-line error must name)
     ("train", ["domains.include=[nothing/*]"], "matches no registered domain"),
     ("train", ["domains.exclude=[nothing/*]"], "matches no registered domain"),
-    ("train", ["domains.level=3"], "no train tasks at level 3"),
+    ("train", ["domains.level=3"], "level=3 is not a level of"),
     ("train", ["rollout.engine=nosuch"], "rollout.engine='nosuch'"),
     ("train", ["rollout.engine=sglang"], "rollout.urls"),
     ("train", ["model.hf_path={d}/no_such_model"], "no_such_model"),

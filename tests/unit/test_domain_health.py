@@ -160,11 +160,11 @@ def test_prompt_cache_round_trip_and_key(tmp_path: Any) -> None:
     assert got[1:] == value[1:]
     assert cache.get(dom, 0, "eval", 3, 6) is None and cache.get(dom, 0, "train", 3, 5) is None
     assert cache.get(dom, 0, "eval", 4, 5) is None
-    odd = Task(dom.name, "eval", 0, "x", "p", "g", {"pair": (1, 2)})  # JSON makes it a list
+    odd = Task(dom.name, "eval", 0, "x", "p", "g", {"pair": (1, 2)})  # JSON would make a list
     cache.put(dom, 0, "eval", 9, 1, ([odd], 1, 1.0))
-    assert cache.get(dom, 0, "eval", 9, 1) is None
-    for f in tmp_path.rglob("*.json"):
-        f.write_text("{not json")
+    assert cache.get(dom, 0, "eval", 9, 1) == ([odd], 1, 1.0)
+    for f in tmp_path.rglob("*.pkl"):
+        f.write_bytes(b"not a pickle")
     assert cache.get(dom, 0, "eval", 3, 5) is None  # unreadable: a miss, not an error
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain, Task, load_domains
 from megatron_rl.domains.workers import Call, DomainWorkers
 from megatron_rl.model.config import ModelConfig
-from megatron_rl.model.tokenizer import prompt_ids
+from megatron_rl.model.tokenizer import prompt_ids, render_chat
 
 log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 64  # a prompt longer than the limit times this is too long untokenized
@@ -88,6 +89,20 @@ def token_length(tokenizer: Any, prompt: str, limit: int) -> int:
     if len(prompt) > limit * CHARS_PER_TOKEN:
         return len(prompt)
     return len(prompt_ids(tokenizer, prompt))
+
+
+def prompt_fits(tokenizer: Any, limit: int) -> Callable[[str], bool]:
+    """A test of whether a prompt fits ``limit`` tokens that tokenizes only when it must: an
+    ASCII prompt of at most ``limit`` characters with the chat template's (plus a margin for a
+    tokenizer's prefix token) fits, since every token covers at least one byte of text."""
+    overhead = len(render_chat(tokenizer, [{"role": "user", "content": ""}])) + 8
+
+    def fits(prompt: str) -> bool:
+        if prompt.isascii() and len(prompt) + overhead <= limit:
+            return True
+        return token_length(tokenizer, prompt, limit) <= limit
+
+    return fits
 
 
 def fit_calls(

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_rl.controller.admission import Admission, token_length
+from megatron_rl.controller.admission import Admission, prompt_fits
 from megatron_rl.controller.batches import build_batches, kl_reward_penalties, shared_prefix_enabled
 from megatron_rl.controller.engine import finish, start_engine
 from megatron_rl.controller.generate import RolloutProducer, rollout_metrics
@@ -98,13 +98,14 @@ class Controller:
     def _drawing(self) -> Drawing:
         """How the eval prompt sets are drawn: in the domain workers, under the budget, through
         the cache, keeping only prompts the policy can hold."""
-        d, limit, tok = self.cfg.domains, self.admission.limit, self.rt.tokenizer
+        d = self.cfg.domains
+        fits = prompt_fits(self.rt.tokenizer, self.admission.limit)
         return Drawing(
             self.guard.workers,
             budget_s=d.prompt_budget_s,
             timeout_s=d.task_timeout_s,
             cache=PromptCache(d.cache) if d.cache else None,
-            fits=lambda t: token_length(tok, t.prompt, limit) <= limit,
+            fits=lambda t: fits(t.prompt),
         )
 
     def rollout(

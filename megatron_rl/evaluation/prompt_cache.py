@@ -5,9 +5,11 @@ the key is those five plus a code version: the SHA-256 of the domain class's mod
 ``megatron_rl/domains/base.py`` and ``draws.py`` (how draws are made), and the names and
 versions of every installed distribution (a generator package upgraded is a new version). A
 domain whose tasks do not come from a plugin's code (a JSONL task file) is not cached: reading
-the file is already quick. Sets cut short by the time budget are not cached either (their
-length depends on the machine). Entries are JSON, written atomically; an unreadable entry is a
-miss. ``domains.cache: ""`` turns the cache off.
+the file is already quick. A set cut short by the time budget is cached as it is (how far a
+budget gets depends on the machine: the cache keeps the first run's set, so restarts score the
+same prompts, and the log still says it was cut). Entries are pickles (task metadata holds
+tuples, which JSON would turn into lists), written atomically under the user's own cache
+folder; an unreadable entry is a miss. ``domains.cache: ""`` turns the cache off.
 """
 
 from __future__ import annotations

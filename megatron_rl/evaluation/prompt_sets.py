@@ -167,7 +167,7 @@ def _drawn(
             out[call.domain] = [], 0, math.nan
             return
         out[call.domain] = o.value
-        if drawing.cache is not None and not math.isnan(o.value[2]):
+        if drawing.cache is not None:  # a set cut by the budget too (not drawn again next time)
             drawing.cache.put(domains[call.domain], level, split, seed, n, o.value)
 
     drawing.workers.run(calls, done=done, chunk=1)

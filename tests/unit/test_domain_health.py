@@ -172,3 +172,16 @@ def test_draw_distinct_stops_at_its_budget() -> None:
     dom = load_domains(["tinywide/chain_sum"])["tinywide/chain_sum"]
     tasks, draws, size = draw_distinct(dom, "eval", 50, 0, 0, budget_s=0.0)
     assert tasks == [] and draws == 0 and size != size  # nan: stopped, not explored
+
+
+def test_the_quick_fit_test_agrees_with_tokenizing() -> None:
+    from megatron_rl.controller.admission import prompt_fits
+
+    tok = load_tokenizer(check_model(load_config(DEMO, [])).hf_path)
+    doms = load_domains(["tinywide/*", "rg/ab@0", "tinymix/*"])
+    prompts = [d.task("eval", i, None, 0).prompt for d in doms.values() for i in range(3)]
+    prompts += ["é" * 40, "x" * 2000, "word " * 90]
+    lengths = [token_length(tok, p, 10**6) for p in prompts]
+    for limit in (30, 60, 120, 488, 600):
+        fits = prompt_fits(tok, limit)
+        assert [fits(p) for p in prompts] == [n <= limit for n in lengths], limit

@@ -11,6 +11,12 @@ import time
 from megatron_rl.domains.base import Domain, Task
 from megatron_rl.domains.sizes import estimate_space
 
+
+class DrawInterrupted(BaseException):
+    """Raised into a draw by the worker's alarm just before its hard deadline: the draw returns
+    what it has (a BaseException, so ``Domain.task``'s skip-a-failed-draw cannot swallow it)."""
+
+
 DRAW_FACTOR = 4  # task draws per requested prompt before a split is declared too small
 MIN_DRAWS = 64  # draws always allowed per level, however few prompts it is asked for
 
@@ -55,7 +61,10 @@ def draw_distinct(
             spent = time.monotonic() - start
             if spent + spent / max(1, draws + made) > budget_s:
                 return tasks, draws + made, math.nan
-            task = domain.task(split, made, lv, seed)
+            try:
+                task = domain.task(split, made, lv, seed)
+            except DrawInterrupted:
+                return tasks, draws + made, math.nan
             made += 1
             if task.prompt in seen:
                 continue

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import signal
 import threading
 import time
 import traceback
@@ -79,10 +80,29 @@ def call_domain(domains: dict[str, Domain], call: Call) -> Any:
     if call.kind == "verify":
         return d.verify(*call.args)
     if call.kind == "draw":
-        from megatron_rl.domains.draws import draw_distinct
-
-        return draw_distinct(d, *call.args)
+        return _draw_before_deadline(d, call)
     raise ValueError(f"call kind must be 'task', 'verify' or 'draw', got {call.kind!r}")
+
+
+def _draw_before_deadline(d: Domain, call: Call) -> Any:
+    """A prompt set, interrupted (keeping what it drew) shortly before the call's deadline
+    where this is a main thread with timers, so a slow last draw does not lose the set."""
+    from megatron_rl.domains.draws import DrawInterrupted, draw_distinct
+
+    main = threading.current_thread() is threading.main_thread()
+    if not main or not hasattr(signal, "setitimer"):
+        return draw_distinct(d, *call.args)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise DrawInterrupted
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, max(0.1, call.timeout_s - min(2.0, call.timeout_s / 4)))
+    try:
+        return draw_distinct(d, *call.args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def _serve(conn: Connection, task_files: list[str]) -> None:

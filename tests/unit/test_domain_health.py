@@ -185,3 +185,28 @@ def test_the_quick_fit_test_agrees_with_tokenizing() -> None:
     for limit in (30, 60, 120, 488, 600):
         fits = prompt_fits(tok, limit)
         assert [fits(p) for p in prompts] == [n <= limit for n in lengths], limit
+
+
+class _Slow(Domain):
+    name = "test/slow"
+    calls = 0
+
+    def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
+        import time
+
+        _Slow.calls += 1
+        time.sleep(30.0 if _Slow.calls == 12 else 0.01)  # the 12th draw far too slow
+        return f"{rng.random()}", "1", {}
+
+    def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        return 1.0, {}
+
+
+def test_a_draw_near_its_deadline_keeps_what_it_drew() -> None:
+    from megatron_rl.domains.workers import call_domain
+
+    t0 = __import__("time").monotonic()
+    call = Call("draw", "test/slow", ("eval", 50, 0, 0, 100.0), 3.0)
+    tasks, draws, size = call_domain({"test/slow": _Slow()}, call)
+    took = __import__("time").monotonic() - t0
+    assert 0 < len(tasks) < 50 and size != size and took < 3.0, (len(tasks), took)

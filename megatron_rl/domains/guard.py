@@ -10,6 +10,7 @@ quarantined domain are skipped without running.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from megatron_rl.domains.base import Task, VerifyResult
@@ -32,18 +33,23 @@ class DomainGuard:
 
     def _run(self, calls: list[Call], stage: str) -> list[Outcome]:
         def done(c: Call, o: Outcome) -> None:
+            bad = _malformed(stage, o.value) if o.ok else ""
+            if bad:  # a plugin's override returned garbage: a failure like any other
+                o.value, o.failure, o.message = None, "error", bad
             self.health.record(c.domain, stage, o)
 
         return self.workers.run(calls, skip=self._skip, done=done)
 
     def tasks(self, wanted: Sequence[tuple[str, int, int]], seed: int) -> list[Task | None]:
-        """Training tasks ``(domain, index, level)``; None where the draw failed or was skipped."""
+        """Training tasks ``(domain, index, level)``; None where the draw failed or was skipped
+        (or a plugin's ``task`` returned something that is not a Task)."""
         timeout = self.cfg.task_timeout_s
         calls = [Call("task", d, ("train", i, lv, seed), timeout) for d, i, lv in wanted]
         return [o.value if o.ok else None for o in self._run(calls, "generate")]
 
     def verify(self, pairs: Sequence[tuple[Task, str]]) -> list[VerifyResult | None]:
-        """Verdicts in order; None where verification failed, timed out or was skipped."""
+        """Verdicts in order; None where verification failed, timed out or was skipped, or
+        returned something other than a VerifyResult with a finite score in [0, 1]."""
         timeout = self.cfg.verify_timeout_s
         calls = [Call("verify", t.domain, (t, r), timeout) for t, r in pairs]
         return [o.value if o.ok else None for o in self._run(calls, "verify")]
@@ -57,3 +63,16 @@ class DomainGuard:
 
     def close(self) -> None:
         self.workers.close()
+
+
+def _malformed(stage: str, value: object) -> str:
+    """Why a call's value cannot be used (empty: it can)."""
+    if stage == "generate":
+        ok = isinstance(value, Task) and isinstance(value.prompt, str) and bool(value.prompt)
+        return "" if ok else f"task() returned {type(value).__name__}, not a Task with a prompt"
+    if not isinstance(value, VerifyResult):
+        return f"verify() returned {type(value).__name__}, not a VerifyResult"
+    score = value.score
+    if not (isinstance(score, int | float) and math.isfinite(score) and 0 <= score <= 1):
+        return f"verify() returned score {score!r}, not a number in [0, 1]"
+    return ""

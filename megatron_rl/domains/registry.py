@@ -17,10 +17,13 @@ replace a built-in domain's verifier.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import logging
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
@@ -29,6 +32,7 @@ from megatron_rl.domains.base import Domain
 log = logging.getLogger(__name__)
 GROUP = "megatron_rl.domains"
 BUILTIN = "domains."  # entry points into this repo's domains/ package load first
+LOAD_TIMEOUT_S = 60.0  # one plugin's import plus its factory call
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,10 @@ class Registry:
             if not isinstance(d, Domain) or not d.name:
                 self.errors.append(PluginError(plugin, source, f"returned a non-Domain {d!r}"))
                 continue
+            bad = _malformed(d)
+            if bad:
+                self.errors.append(PluginError(plugin, source, f"domain {d.name!r}: {bad}"))
+                continue
             if d.name in self.domains:
                 other = self._owner[d.name]
                 msg = f"domain {d.name!r} is already registered by plugin {other!r}; skipped"
@@ -66,10 +74,12 @@ class Registry:
             self._owner[d.name] = plugin
 
     def load_plugin(self, plugin: str, source: str, load) -> None:  # type: ignore[no-untyped-def]
-        """Call ``load()`` (-> factory) then the factory; record any failure under ``plugin``."""
+        """Call ``load()`` (-> factory) then the factory; record any failure under ``plugin``.
+        On a main thread a plugin that takes over ``LOAD_TIMEOUT_S`` to load is stopped."""
         try:
-            factory = load()
-            domains = list(factory())
+            with _deadline(LOAD_TIMEOUT_S, plugin):
+                factory = load()
+                domains = list(factory())
         except Exception as e:
             self.errors.append(
                 PluginError(plugin, source, f"failed to load: {type(e).__name__}: {e}")
@@ -121,3 +131,34 @@ def _no_match(kind: str, pattern: str, names: Sequence[str]) -> str:
     families = sorted({n.split("/", 1)[0] + "/*" for n in names})
     hint = f"closest: {close}" if close else f"families: {families}"
     return f"domain {kind} pattern {pattern!r} matches no registered domain; {hint}"
+
+
+def _malformed(d: Domain) -> str:
+    """What makes a domain unusable before any of its code runs (empty: nothing)."""
+    levels, splits = getattr(d, "levels", ()), getattr(d, "splits", ())
+    if not (isinstance(levels, tuple | list) and levels and all(type(x) is int for x in levels)):
+        return f"levels must be a non-empty tuple of ints, got {levels!r}"
+    if not (isinstance(splits, tuple | list) and splits and set(splits) <= {"train", "eval"}):
+        return f"splits must be a non-empty subset of ('train', 'eval'), got {splits!r}"
+    return ""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, plugin: str) -> Iterator[None]:
+    """Raise TimeoutError in this (main) thread after ``seconds``; elsewhere, no deadline."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise TimeoutError(f"plugin {plugin!r} did not load within {seconds:g} s")
+
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)

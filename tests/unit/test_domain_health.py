@@ -16,7 +16,7 @@ import pytest
 
 from megatron_rl.config import load_config
 from megatron_rl.controller.admission import admit, fit_calls, prompt_limit, token_length
-from megatron_rl.domains import Domain, Task, load_domains
+from megatron_rl.domains import Domain, Task, VerifyResult, load_domains
 from megatron_rl.domains.health import DomainHealth
 from megatron_rl.domains.workers import Call, DomainWorkers, Outcome
 from megatron_rl.evaluation.prompt_cache import PromptCache
@@ -210,3 +210,43 @@ def test_a_draw_near_its_deadline_keeps_what_it_drew() -> None:
     tasks, draws, size = call_domain({"test/slow": _Slow()}, call)
     took = __import__("time").monotonic() - t0
     assert 0 < len(tasks) < 50 and size != size and took < 3.0, (len(tasks), took)
+
+
+def test_a_plugin_that_hangs_or_lies_is_recorded_not_loaded(monkeypatch: Any) -> None:
+    import importlib
+    import time
+
+    reg_mod = importlib.import_module("megatron_rl.domains.registry")
+
+    monkeypatch.setattr(reg_mod, "LOAD_TIMEOUT_S", 0.5)
+    reg = reg_mod.Registry()
+    t0 = time.monotonic()
+    reg.load_plugin("sleepy", "x:y", lambda: time.sleep(60))
+    assert time.monotonic() - t0 < 5
+    bad = _Raises()
+    bad.levels = ()  # type: ignore[assignment]
+    reg.load_plugin("nolevels", "x:z", lambda: lambda: [bad])
+    assert not reg.domains
+    msgs = [str(e) for e in reg.errors]
+    assert "did not load within 0.5 s" in msgs[0] and "levels must be" in msgs[1], msgs
+
+
+def test_garbage_from_a_plugin_override_is_a_failure() -> None:
+    from megatron_rl.domains.guard import DomainGuard
+
+    cfg = load_config(DEMO, ["domains.workers=0"]).domains
+    guard = DomainGuard(DomainWorkers(0), cfg)
+    calls = [Call("verify", "a", (), 1.0), Call("verify", "b", (), 1.0), Call("task", "c", (), 1)]
+    values = iter(["yes", VerifyResult(float("nan"), True), None])
+    guard.workers.run = lambda cs, skip=None, done=None, chunk=8: [  # type: ignore[method-assign]
+        _done(done, c, Outcome(value=next(values))) for c in cs
+    ]
+    outs = guard._run(calls[:2], "verify") + guard._run(calls[2:], "generate")
+    assert [o.failure for o in outs] == ["error"] * 3
+    assert "not a VerifyResult" in outs[0].message and "not a number" in outs[1].message
+    assert guard.health.metrics()["health/c/generate_error"] == 1
+
+
+def _done(done: Any, c: Call, o: Outcome) -> Outcome:
+    done(c, o)
+    return o

@@ -106,9 +106,22 @@ def _draw_before_deadline(d: Domain, call: Call) -> Any:
 
 
 def _serve(conn: Connection, task_files: list[str]) -> None:
-    """A worker's loop: build the registry, then answer (index, Call) lists one call at a time."""
+    """A worker's loop: build the registry, then answer (index, Call) lists one call at a time.
+
+    The preemption signals are the trainer's: a worker ignores SIGUSR1 and SIGINT (Slurm and
+    torchrun may deliver them to every process of the job) and leaves its parent's process
+    group; it ends when its parent closes the pipe (or exits), or on SIGTERM / SIGKILL.
+    """
+    import os
+
     from megatron_rl.domains.loading import load_domains
 
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.setsid()
+    except OSError:
+        pass
     domains = load_domains(None, task_files=task_files)
     conn.send(("ready", None, None))
     while True:
@@ -142,9 +155,7 @@ class _Worker:
 class DomainWorkers:
     """``n`` killable worker processes for domain code (``n = 0``: inline, no deadlines)."""
 
-    def __init__(
-        self, n: int, task_files: Sequence[str] = (), start_method: str = "forkserver"
-    ) -> None:
+    def __init__(self, n: int, task_files: Sequence[str] = (), start_method: str = "spawn") -> None:
         if n < 0:
             raise ValueError(f"domain workers must be >= 0, got {n}")
         self.n, self.task_files = n, list(task_files)
@@ -237,9 +248,14 @@ class DomainWorkers:
                         continue
                     batch.append((i, c))
                 if batch:
+                    try:
+                        w.conn.send(batch)
+                    except OSError:  # the worker died between calls (a signal): not a domain's
+                        todo.extendleft(reversed(batch))  # fault; the calls go to a fresh one
+                        self._replace(w)
+                        continue
                     w.queue.extend(batch)
                     w.since = time.monotonic()
-                    w.conn.send(batch)
             busy = [w for w in self._workers if w.queue]
             if not busy:
                 continue

@@ -17,16 +17,14 @@ replace a built-in domain's verifier.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import fnmatch
 import logging
-import signal
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from megatron_rl.domains.alarm import interrupt_after
 from megatron_rl.domains.base import Domain
 
 log = logging.getLogger(__name__)
@@ -77,7 +75,8 @@ class Registry:
         """Call ``load()`` (-> factory) then the factory; record any failure under ``plugin``.
         On a main thread a plugin that takes over ``LOAD_TIMEOUT_S`` to load is stopped."""
         try:
-            with _deadline(LOAD_TIMEOUT_S, plugin):
+            stop = f"plugin {plugin!r} did not load within {LOAD_TIMEOUT_S:g} s"
+            with interrupt_after(LOAD_TIMEOUT_S, lambda: TimeoutError(stop)):
                 factory = load()
                 domains = list(factory())
         except Exception as e:
@@ -141,24 +140,3 @@ def _malformed(d: Domain) -> str:
     if not (isinstance(splits, tuple | list) and splits and set(splits) <= {"train", "eval"}):
         return f"splits must be a non-empty subset of ('train', 'eval'), got {splits!r}"
     return ""
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float, plugin: str) -> Iterator[None]:
-    """Raise TimeoutError in this (main) thread after ``seconds``; elsewhere, no deadline."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "setitimer"
-    ):
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise TimeoutError(f"plugin {plugin!r} did not load within {seconds:g} s")
-
-    before = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)

@@ -30,15 +30,13 @@ import json
 import math
 import os
 import random
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.domains.alarm import interrupt_after
 from megatron_rl.domains.base import SPLITS, Domain, split_of, stable_int
 
 MIN_EVAL_PROMPTS = 128  # fewer distinct eval prompts than this: a level cannot show generalisation
@@ -155,32 +153,16 @@ def _exact(counts: dict[str, int]) -> dict[str, SplitSize]:
     return out
 
 
+def _hang(what: str, seconds: float) -> GeneratorHang:
+    return GeneratorHang(f"{what}: still running after {seconds:g} s of CPU")
+
+
 class GeneratorHang(BaseException):
     """A generator draw ran past its CPU-time limit: a run that draws it would hang.
 
     A ``BaseException`` (like ``KeyboardInterrupt``): it arrives asynchronously, and the
     ``except Exception`` that skips failing draws (here and in ``Domain.task``) must not eat it.
     """
-
-
-@contextmanager
-def _cpu_limit(seconds: float, what: str) -> Iterator[None]:
-    """Raise :class:`GeneratorHang` inside the block after ``seconds`` of process CPU time (no
-    limit off the main thread, where signals cannot be delivered)."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def fire(signum: int, frame: Any) -> None:
-        raise GeneratorHang(f"{what}: still running after {seconds:g} s of CPU")
-
-    previous = signal.signal(signal.SIGVTALRM, fire)
-    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
-        signal.signal(signal.SIGVTALRM, previous)
 
 
 def _room_shown(by_split: dict[str, list[str]]) -> bool:
@@ -208,7 +190,8 @@ def _draw(
             break
         if i and i % DECIDE_EVERY == 0 and _room_shown(by_split):
             break
-        with _cpu_limit(hang_s, f"{d.name} level {level}, draw {i}"):
+        what = f"{d.name} level {level}, draw {i}"
+        with interrupt_after(hang_s, partial(_hang, what, hang_s), cpu=True):
             if not raw:
                 for split in d.splits:
                     by_split[split].append(d.task(split, i, level, seed).prompt)

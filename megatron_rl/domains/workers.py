@@ -87,22 +87,11 @@ def call_domain(domains: dict[str, Domain], call: Call) -> Any:
 def _draw_before_deadline(d: Domain, call: Call) -> Any:
     """A prompt set, interrupted (keeping what it drew) shortly before the call's deadline
     where this is a main thread with timers, so a slow last draw does not lose the set."""
+    from megatron_rl.domains.alarm import interrupt_after
     from megatron_rl.domains.draws import DrawInterrupted, draw_distinct
 
-    main = threading.current_thread() is threading.main_thread()
-    if not main or not hasattr(signal, "setitimer"):
+    with interrupt_after(max(0.1, call.timeout_s - min(2.0, call.timeout_s / 4)), DrawInterrupted):
         return draw_distinct(d, *call.args)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise DrawInterrupted
-
-    before = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, max(0.1, call.timeout_s - min(2.0, call.timeout_s / 4)))
-    try:
-        return draw_distinct(d, *call.args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
 
 
 def _serve(conn: Connection, task_files: list[str]) -> None:

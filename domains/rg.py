@@ -14,7 +14,11 @@ reward means "correct" and formatting credit is left to the reward composer:
 - generators whose partial credit is string similarity (``SIMILARITY_SCORED``) are scored
   all-or-nothing, otherwise garbage earns up to a third of the reward;
 - ``game_of_life_halting`` is scored by exact match: its scorer gives 1.0 to any text that is
-  not "True" (measured with reasoning-gym 0.1.25), which would pay a reward hacker.
+  not "True" (measured with reasoning-gym 0.1.25), which would pay a reward hacker;
+- so is ``spell_backward``: its scorer adds ``1 / len`` per matching position and takes 0.2
+  off a prefix match only when the sum equals 1.0 exactly, which in floating point it does not
+  for 9, 11, 18 or 20 letters (the sum is 1.0000000000000002): there the right word followed by
+  anything scored 1.0 (found 2026-12-05 by the ladders' test).
 
 Generators and levels left out (measured with reasoning-gym 0.1.25, see ``SKIPPED``): those
 with no single gold answer (``answer`` is None, the scorer validates a solution instead) and
@@ -35,7 +39,7 @@ POOL_SIZE = 100_000  # virtual dataset size; a task picks an index in it from it
 POOL_SIZE_OVERRIDES = {"acre": 1_000, "word_ladder": 10_000}
 MIN_CREDIT = 0.1  # rg scores below this ("answer present but wrong") count as 0
 SIMILARITY_SCORED = frozenset({"figlet_font", "spell_backward", "palindrome_generation"})
-EXACT_SCORED = frozenset({"game_of_life_halting"})
+EXACT_SCORED = frozenset({"game_of_life_halting", "spell_backward"})
 # generator -> reason, or (generator, level) -> reason
 SKIPPED: dict[Any, str] = {
     "composite": "meta-dataset of other generators",

@@ -17,6 +17,9 @@ from typing import Any
 from megatron_rl.domains.base import Domain, Task
 
 POOL_SIZE = 50_000  # virtual dataset size per level; a task picks an index from its seed
+# scored by exact match (case-insensitive): reasoning-gym's spell_backward scorer gives 1.0 to
+# the right word followed by anything when the word has 9, 11, 18 or 20 letters (domains/rg.py)
+EXACT = frozenset({"spell_backward"})
 
 # generator -> per-level reasoning-gym config overrides (level 0 easiest)
 CONFIGS: dict[str, list[dict[str, Any]]] = {
@@ -98,6 +101,8 @@ class TinyDomain(Domain):
         return str(entry["question"]), str(entry["answer"]), {"index": index}
 
     def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
+        if self.generator in EXACT:  # the word itself, not reasoning-gym's prefix credit
+            return float(answer.strip().lower() == task.gold.strip().lower()), {}
         ds = self.datasets[task.level]
         raw = float(ds.score_answer(answer, ds[task.meta["index"]]))
         return (1.0 if raw >= 1.0 else 0.0), {"rg_score": raw}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,8 @@ class Controller:
         for e in self.events:
             self.rt.tracker.event(step, e.pop("event", "scheduler"), **e)
         metrics.update(self.sched.metrics())
+        if step % self.cfg.tracking.domain_metrics_every and "eval/mean_accuracy" not in metrics:
+            metrics = without_domain_rows(metrics, self.domains)
         metrics.update(t.metrics(metrics))
         carry = Timer()
         with carry("log"):
@@ -255,3 +258,14 @@ class Controller:
             level_eval.accuracy_png(levels, self.rt.run_dir / "accuracy_vs_length.png")
             print(level_eval.format_levels(levels))
         return finish(self.rt, self.engine, summary)
+
+
+def without_domain_rows(metrics: dict[str, float], domains: Iterable[str]) -> dict[str, float]:
+    """``metrics`` less its per-domain keys (``<prefix>/<domain>/<name>``): the aggregates stay."""
+    names = set(domains)
+
+    def per_domain(key: str) -> bool:
+        parts = key.split("/")
+        return any("/".join(parts[1:k]) in names for k in range(2, len(parts)))
+
+    return {k: v for k, v in metrics.items() if not per_domain(k)}

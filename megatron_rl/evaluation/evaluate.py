@@ -252,7 +252,15 @@ def _responses(
         GenRequest(prompt_ids(tokenizer, tasks[i].prompt), params(tasks[i]), tag=tasks[i].domain)
         for i in single
     ]
-    for i, outs in zip(single, engine.generate(requests) if requests else [], strict=True):
+    # Prompts of similar length side by side: an engine batching in chunks pads each chunk to
+    # its longest prompt, and hundreds of domains mix prompt lengths. Each prompt keeps its own
+    # seed, so the order changes no sample beyond floating-point noise of the batched forward.
+    order = sorted(range(len(requests)), key=lambda k: len(requests[k].prompt_ids))
+    outs_sorted = engine.generate([requests[k] for k in order]) if requests else []
+    outs_all: list[Any] = [None] * len(requests)
+    for k, outs in zip(order, outs_sorted, strict=True):
+        outs_all[k] = outs
+    for i, outs in zip(single, outs_all, strict=True):
         texts[i] = [o.text for o in outs]
     if multi:
         groups = [

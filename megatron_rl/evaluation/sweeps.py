@@ -35,6 +35,8 @@ from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.scheduler.curves import curves_png
+from megatron_rl.scheduler.heatmap import heatmap_png
+from megatron_rl.scheduler.radar import domain_group
 from megatron_rl.train.runtime import Runtime
 
 
@@ -134,6 +136,8 @@ def run_eval(
     rt.tracker.log(at, metrics)
     if rt.is_main:  # drawn from metrics.jsonl / events.jsonl, so after this sweep is logged
         rt.tracker.image(at, "eval/curves", curves_png(rt.run_dir))
+        families = {d.name: domain_group(d) for d in sched.domains}
+        rt.tracker.image(at, "eval/heatmap", heatmap_png(rt.run_dir, groups=families))
     out["metrics"] = metrics
     return out
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 MARKS = {"regression": ("v", "tab:red"), "recovery": ("^", "tab:green")}
+MAX_LEGEND = 30  # more domains than this: grey lines, no legend, and the mean drawn bold
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -91,11 +92,20 @@ def curves_png(run_dir: str | Path, path: str | Path | None = None) -> Path:
     data = curve_data(run_dir)
     fig, ax = plt.subplots(figsize=(9, 5))
     colors = plt.get_cmap("tab10")
+    many = len(data.curves) > MAX_LEGEND  # hundreds of domains: thin grey lines and their mean
     for i, (name, pts) in enumerate(data.curves.items()):
-        if pts:  # 10 colours, then the same colours dashed, then dotted
+        if pts and many:
+            ax.plot(*zip(*pts, strict=True), lw=0.6, alpha=0.35, color="grey")
+        elif pts:  # 10 colours, then the same colours dashed, then dotted
             steps, acc = zip(*pts, strict=True)
             ls = ("-", "--", ":")[(i // 10) % 3]
             ax.plot(steps, acc, ls=ls, marker="o", ms=3, lw=1.5, color=colors(i % 10), label=name)
+    if many:
+        mean = series(read_jsonl(Path(run_dir) / "metrics.jsonl"), "eval/mean_accuracy")
+        if mean:
+            steps, acc = zip(*mean, strict=True)
+            label = f"mean of {len(data.curves)} domains (grey: each; eval_heatmap.png)"
+            ax.plot(steps, acc, marker="o", lw=2.5, color="tab:blue", label=label)
     for kind, (marker, color) in MARKS.items():
         hits = [(s, y) for s, _, k, y in data.marks if k == kind]
         if hits:

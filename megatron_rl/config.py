@@ -77,6 +77,12 @@ class RunConfig:
                 "rl.kl_in_reward=true computes the penalty on the controller (rank 0) alone, so "
                 "the reference must not be split: use parallel.tp=pp=cp=1, or KL as a loss term"
             )
+        if self.scheduler.dynamic_sampling and self.rl.off_policy:
+            raise ValueError(
+                "scheduler.dynamic_sampling decides how many rounds to generate from the rewards "
+                "of the last one, which rl.off_policy=true generates a step ahead: use "
+                "rl.off_policy=false with dynamic sampling"
+            )
         lag = self.rollout.sync_every - 1 + int(self.rl.off_policy)
         if lag > self.rl.max_staleness:
             raise ValueError(

@@ -11,8 +11,10 @@ can stop and resume; a stored run is reused only under the same settings and arm
 
 Parts (``--part``): ``dev`` (the baseline and the static candidates on the development seeds),
 ``dev-learned`` (the candidate built from the dev baseline runs), ``headroom`` (the baseline and
-the oracle, chosen on the dev seeds, on the report seeds). ``--quick`` runs a small version into
-a scratch file (``make test``: two arms, one seed, four steps, eight domains; no timing).
+the oracle, chosen on the dev seeds, on the report seeds), ``dev-adaptive`` (the adaptive
+variants on the dev seeds) and ``arms`` (the other registered arms on the report seeds).
+``--quick`` runs a small version into a scratch file (``make test``: three arms, one seed, four
+steps, eight domains; no timing).
 
     .venv/bin/python -m benchmarks.studies.many_domains --part dev
 """
@@ -87,6 +89,89 @@ def oracle(doc: dict[str, Any], screen: dict[str, Any]) -> tuple[str, list[str]]
     return best, cands[best]
 
 
+ADAPTIVE = ["scheduler.policy=learnability", "scheduler.learn_ucb=0.05"]
+ADAPTIVE_DEV = {"adaptive": ADAPTIVE, "adaptive, room": [*ADAPTIVE, "scheduler.learn_room=true"]}
+SPLIT = ["rl.prompts_per_step=24", f"scheduler.oversample={4 / 3!r}"]  # 24 mix + 8 refill = 32
+HEAT = [
+    "scheduler.temperature_adapt=diversity",
+    "scheduler.temperature_target=0.5",
+    "scheduler.temperature_max=1.5",
+]
+DAPO = [
+    "scheduler.dynamic_sampling=true",
+    "scheduler.dynamic_target=8",
+    "scheduler.dynamic_max_rounds=8",
+]
+PRESCREEN_GROUPS = 2  # per domain, charged to the budget
+PRESCREEN = "pre-screen"  # its static mix and step count are made per seed (prescreen())
+
+
+def adaptive_choice(doc: dict[str, Any], screen: dict[str, Any]) -> list[str]:
+    """The adaptive variant with the best mean dev primary score."""
+    stats = compute(doc, screen).get("dev", {}).get("arms", {})
+    scored = {a: stats[a]["primary"] for a in ADAPTIVE_DEV if a in stats}
+    if len(scored) < len(ADAPTIVE_DEV):
+        raise SystemExit("the arms part needs the dev runs of the adaptive variants first")
+    return ADAPTIVE_DEV[max(scored, key=lambda a: scored[a])]
+
+
+def report_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
+    """The registered arms after headroom (docs/scheduler.md, "Hundreds of domains")."""
+    adaptive = adaptive_choice(doc, screen)
+    return {
+        "uniform": ["scheduler.filter_zero_variance=false"],
+        "dynamic sampling, equal generation": [
+            *DAPO,
+            f"train.rollout_budget_groups={STEPS * PER_STEP}",
+        ],
+        "dynamic sampling, equal steps": DAPO,
+        PRESCREEN: [],
+        "adaptive": adaptive,
+        "adaptive 24+8": [*adaptive, *SPLIT],
+        "adaptive 24+8 + temperature": [*adaptive, *SPLIT, *HEAT],
+        "adaptive + guard": [*adaptive, "scheduler.seesaw=true"],
+    }
+
+
+def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """The pre-screen arm of one seed: PRESCREEN_GROUPS groups per domain at the base model on
+    training prompts (T = 1), then uniform + filter over the domains with reward variance in
+    any of them, for the steps the budget has left."""
+    import torch
+
+    from megatron_rl.config import load_config
+    from megatron_rl.domains import load_domains
+    from megatron_rl.model.tokenizer import load_tokenizer, prompt_ids
+    from megatron_rl.rollout.base import GenRequest, SamplingParams
+    from megatron_rl.rollout.build import build_engine
+
+    torch.set_num_threads(1)
+    cfg = load_config(CONFIG, overrides([], "prescreen", seed, a))
+    domains = load_domains(cfg.domains.include, cfg.domains.exclude)
+    engine = build_engine(cfg.rollout, cfg.model.hf_path, seed)
+    tok = load_tokenizer(cfg.model.hf_path)
+    tasks = [
+        d.task("train", 10**6 + i, d.levels[0], seed)  # apart from the run's own cursor
+        for d in domains.values()
+        for i in range(PRESCREEN_GROUPS)
+    ]
+    params = SamplingParams(
+        temperature=1.0, max_tokens=cfg.rollout.max_new_tokens, n=GROUP, seed=seed
+    )
+    outs = engine.generate([GenRequest(prompt_ids(tok, t.prompt), params) for t in tasks])
+    engine.shutdown()
+    signal = sorted(
+        {
+            t.domain
+            for t, o in zip(tasks, outs, strict=True)
+            if len({domains[t.domain].verify(t, c.text).score for c in o}) > 1
+        }
+    )
+    spent = -(-len(tasks) // PER_STEP)  # steps of generation the screen cost
+    cfg_list = [*static_arm(signal), f"train.steps={a.steps - spent}"]
+    return cfg_list, {"groups": len(tasks), "domains": signal, "steps_charged": spent}
+
+
 def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[Arms, tuple]:
     cands = candidates(screen, doc)
     if part == "dev":
@@ -100,7 +185,11 @@ def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[A
         name, cfg = oracle(doc, screen)
         print(f"oracle (best on the dev seeds): {name}", flush=True)
         return {BASELINE: [], f"oracle ({name})": cfg}, REPORT_SEEDS
-    raise SystemExit(f"--part {part!r}: choose dev, dev-learned or headroom")
+    if part == "dev-adaptive":
+        return dict(ADAPTIVE_DEV), DEV_SEEDS
+    if part == "arms":
+        return report_arms(doc, screen), REPORT_SEEDS
+    raise SystemExit(f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive or arms")
 
 
 def overrides(arm: list[str], name: str, seed: int, a: argparse.Namespace) -> list[str]:
@@ -172,16 +261,26 @@ def extract(run: Path) -> dict[str, Any]:
     }
 
 
-def check_budget(name: str, ex: dict[str, Any], filtered: bool) -> None:
-    """Every step generated PER_STEP groups; a filtering arm trained exactly its groups with
-    signal (no zero-variance fill), a plain one every group it generated."""
+def check_budget(name: str, ex: dict[str, Any], cfg: list[str], steps: int) -> None:
+    """The generation budget of every arm, from the run's own metrics: PER_STEP groups a step
+    (dynamic sampling: whole rounds of them, at most its round cap), filtering arms train
+    exactly their groups with signal (no zero-variance fill), plain uniform every group; no
+    competing arm generates more than STEPS x PER_STEP groups (the pre-screen's own included,
+    the equal-generation dynamic arm by at most its last step's rounds)."""
     gen, tr, sig = ex["generated"], ex["trained"], ex["signal"]
-    if set(gen) != {PER_STEP}:
-        raise RuntimeError(f"{name}: generated {sorted(set(gen))} groups per step, not {PER_STEP}")
-    if filtered and tr != sig:
+    dynamic = "scheduler.dynamic_sampling=true" in cfg
+    rounds = {g // PER_STEP for g in gen} if all(g % PER_STEP == 0 for g in gen) else {0}
+    if (dynamic and not rounds <= set(range(1, 9))) or (not dynamic and set(gen) != {PER_STEP}):
+        raise RuntimeError(f"{name}: generated {sorted(set(gen))} groups per step")
+    if "scheduler.filter_zero_variance=false" in cfg:
+        if tr != gen:
+            raise RuntimeError(f"{name}: trained {sorted(set(tr))} of {PER_STEP} groups")
+    elif tr != sig or (dynamic and max(tr) > 8):
         raise RuntimeError(f"{name}: trained groups without signal (trained {tr}, signal {sig})")
-    if not filtered and tr != gen:
-        raise RuntimeError(f"{name}: trained {sorted(set(tr))} of {PER_STEP} groups")
+    total = sum(gen) + ex.get("prescreen", {}).get("groups", 0)
+    cap = steps * PER_STEP + (8 * PER_STEP if dynamic else 0)
+    if total > cap and not (dynamic and "train.rollout_budget_groups" not in str(cfg)):
+        raise RuntimeError(f"{name}: generated {total} groups, more than the budget {cap}")
 
 
 def settings(a: argparse.Namespace) -> dict[str, Any]:
@@ -211,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     screen = load_screen(SCREEN)
     arms, seeds = part_arms(a.part, doc, screen)
     if a.quick:
-        arms, seeds = {BASELINE: [], "uniform": ["scheduler.filter_zero_variance=false"]}, (1,)
+        arms = {BASELINE: [], "uniform": ["scheduler.filter_zero_variance=false"], PRESCREEN: []}
+        seeds = (1,)
     seeds = tuple(s for s in seeds if not a.seeds or s in a.seeds)
     name = "dev" if a.part.startswith("dev") else a.part
     sec = doc["sections"].setdefault(name, {"settings": settings(a), "runs": {}, "arms": {}})
@@ -229,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         arm, s = job
         slug = re.sub(r"[^0-9a-zA-Z]+", "_", arm).strip("_")
         try:
-            ex = extract(run_one(arms[arm], f"{slug}-s{s}", s, a))
-            check_budget(f"{arm} seed {s}", ex, "filter_zero_variance=false" not in str(arms[arm]))
+            cfg, screened = prescreen(s, a) if arm == PRESCREEN else (arms[arm], None)
+            ex = extract(run_one(cfg, f"{slug}-s{s}", s, a))
+            if screened:
+                ex["prescreen"] = screened
+            check_budget(f"{arm} seed {s}", ex, cfg, a.steps)
         except RuntimeError as e:
             print(e, file=sys.stderr, flush=True)
             failed.append(f"{arm} seed {s}")

@@ -65,6 +65,7 @@ class Controller:
             self.sched.load_state_dict(state["scheduler"])
             self.guard.health.load_state_dict(state.get("health", {}))
         self.cursor: dict[str, int] = state.get("cursor", {})
+        self.generated = int(state.get("generated_groups", 0))  # the rollout budget's count
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
         clock = [time.time()]
@@ -123,6 +124,8 @@ class Controller:
         metrics = {**self.engine.stats, **getattr(self.engine, "metrics", {})}
         if step == self.rt.start_step:  # the start-up's parts, once, in the first row
             metrics.update({f"startup/{k}": v for k, v in self.startup.items()})
+        self.generated += len(groups)
+        metrics["rollout/groups_generated_total"] = self.generated
         dropped = len(generated) - len(groups) + int(timing["undrawn"])
         metrics["rollout/groups_dropped"] = dropped
         self._quarantine(step)
@@ -130,7 +133,12 @@ class Controller:
         metrics.update(monitor_step(self.rt, self.monitor, step, groups))
         results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
-        kept = self.sched.select(results, min(len(results), cfg.rl.prompts_per_step))
+        if cfg.scheduler.dynamic_sampling:  # the first groups with signal, up to the target
+            target = cfg.scheduler.dynamic_target or cfg.rl.prompts_per_step
+            kept = [i for i, r in enumerate(results) if not r.filterable][:target]
+            metrics["rollout/rounds"] = timing.get("rounds", 1.0)
+        else:
+            kept = self.sched.select(results, min(len(results), cfg.rl.prompts_per_step))
         # refill ran out: train on fewer (default), or on the zero-variance fill (``fill_batch``:
         # advantage 0, so only the loss normaliser sees it; every step trains the same count)
         if cfg.scheduler.filter_zero_variance and not cfg.scheduler.fill_batch:
@@ -236,15 +244,22 @@ class Controller:
             "levels_before": self.levels_before,
             "wall_s": time.time() - self.wall0,
             "health": self.guard.health.state_dict(),
+            "generated_groups": self.generated,
         }
 
-    def finish(self, preempted_at: int | None) -> dict[str, Any]:
-        """Final eval and summary (or the preemption record); shuts the engine down."""
+    def budget_spent(self) -> bool:
+        """The run's groups generated reached ``train.rollout_budget_groups`` (if set)."""
+        budget = self.cfg.train.rollout_budget_groups
+        return budget > 0 and self.generated >= budget
+
+    def finish(self, preempted_at: int | None, steps: int | None = None) -> dict[str, Any]:
+        """Final eval and summary (or the preemption record); shuts the engine down. ``steps``:
+        the steps trained when the rollout budget ended the run early."""
         self.producer.close()
         if preempted_at is not None:
             self.guard.close()
             return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})
-        steps = self.cfg.train.steps
+        steps = self.cfg.train.steps if steps is None else steps
         after = self.evaluate(steps, with_train=True)
         self.guard.close()
         health = {**self.admission.summary(), **self.guard.health.summary()}

@@ -156,6 +156,11 @@ def rollout_metrics(groups: list[Group], kept: list[int]) -> dict[str, float]:
     return out
 
 
+def has_signal(g: Group, advantage: str) -> bool:
+    """A scored group the zero-variance filter keeps (for GRPO: rewards not all equal)."""
+    return not g.failed and not g.result(advantage).filterable
+
+
 class RolloutProducer:
     """Plans, generates and scores a step's groups; optionally one step ahead (off-policy).
 
@@ -233,10 +238,32 @@ class RolloutProducer:
             self._next = None
         else:
             groups, timing = self._collect(*self._plan(step), self.version)
+        if self.cfg.scheduler.dynamic_sampling:
+            groups, timing = self._more_rounds(step, groups, timing)
         timing["staleness"] = step - timing.pop("version")
         if self.cfg.rl.off_policy and step + 1 < self.cfg.train.steps:
             plan = self._plan(step + 1)
             self._next = (step + 1, self._pool.submit(self._collect, *plan, self.version))
+        return groups, timing
+
+    def _more_rounds(
+        self, step: int, groups: list[Group], timing: dict[str, float]
+    ) -> tuple[list[Group], dict[str, float]]:
+        """Dynamic sampling: further rounds of planned groups until the step holds
+        ``dynamic_target`` groups with reward variance or ``dynamic_max_rounds`` rounds ran."""
+        s = self.cfg.scheduler
+        target = s.dynamic_target or self.cfg.rl.prompts_per_step
+        rounds = 1
+        advantage = self.cfg.rl.advantage
+        while (
+            sum(has_signal(g, advantage) for g in groups) < target and rounds < s.dynamic_max_rounds
+        ):
+            more, t = self._collect(*self._plan(step), self.version)
+            groups = groups + more
+            for k in ("generate", "score", "undrawn"):
+                timing[k] += t[k]
+            rounds += 1
+        timing["rounds"] = float(rounds)
         return groups, timing
 
     def wait(self) -> None:

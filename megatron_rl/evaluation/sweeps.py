@@ -229,7 +229,7 @@ def summarize(
     for key, res in (("before", before.get("greedy")), ("after", after.get("greedy"))):
         if res is not None:
             summary[f"greedy_{key}"] = res["accuracy"]
-    summary.update(steps=rt.cfg.train.steps, wall_s=round(wall_s, 1), run_dir=str(rt.run_dir))
+    summary.update(steps=step, wall_s=round(wall_s, 1), run_dir=str(rt.run_dir))
     summary["completed"] = True
     if domains is not None:
         summary["domain_health"] = domains

@@ -65,6 +65,12 @@ class SchedulerConfig:
     fill_batch: bool = False  # refill short: also train the zero-variance groups that fill the
     # batch (advantage 0, they only count in the loss normaliser) so every step trains exactly
     # rl.prompts_per_step groups; false: train only the groups with signal
+    # --- dynamic sampling (DAPO, arXiv 2503.14476) ---------------------------------------------
+    dynamic_sampling: bool = False  # generate rounds of rl.prompts_per_step groups until
+    # dynamic_target groups with reward variance are in hand (or dynamic_max_rounds rounds ran),
+    # then train the first dynamic_target of them; needs filter_zero_variance, on-policy only
+    dynamic_target: int = 0  # groups with signal trained per step (0: rl.prompts_per_step)
+    dynamic_max_rounds: int = 8  # generation rounds per step at most
     # --- seesaw guard --------------------------------------------------------------------------
     seesaw: bool = False  # boost domains the guard flags (the guard itself always runs)
     seesaw_min_drop: float = 0.02  # smallest drop below the robust best that counts (score)
@@ -91,6 +97,17 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.floor={self.floor} must be in [0, 1)")
         self._validate_temperatures()
         self._validate_ranges()
+        if self.dynamic_sampling and not self.filter_zero_variance:
+            raise ValueError(
+                "scheduler.dynamic_sampling needs scheduler.filter_zero_variance: true (it "
+                "generates until enough groups with reward variance are in hand)"
+            )
+        if self.dynamic_target < 0 or self.dynamic_max_rounds < 1:
+            raise ValueError(
+                f"scheduler.dynamic_target must be >= 0 (0: rl.prompts_per_step) and "
+                f"scheduler.dynamic_max_rounds >= 1, got {self.dynamic_target} and "
+                f"{self.dynamic_max_rounds}"
+            )
 
     def _validate_weights(self) -> None:
         if self.weights and self.tier_weights:

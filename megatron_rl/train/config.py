@@ -22,6 +22,9 @@ class TrainConfig(OptimizerConfig):
     warmup_steps: int = 0  # linear warm-up, optimizer steps
     lr_schedule: Literal["constant", "cosine"] = "constant"  # decay after warm-up
     steps: int = 100  # optimizer steps in the run
+    rollout_budget_groups: int = 0  # RL: end the run (final sweep, checkpoint) after the step
+    # that brings the groups generated to this many (0: no budget; the LR schedule still runs
+    # over train.steps): equal generation across arms that generate unequal groups per step
     micro_batch_tokens: int = 4096  # token budget of one packed micro-batch (training pass)
     logprob_micro_batch_tokens: int = 8192  # token budget of one micro-batch (log-prob pass)
     shared_prefix: bool = True  # RL rows hold each group's prompt once (local spec; TE: off)
@@ -32,6 +35,11 @@ class TrainConfig(OptimizerConfig):
             raise ValueError(f"train.lr must be > 0, got {self.lr}")
         if self.steps < 0:
             raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.rollout_budget_groups < 0:
+            raise ValueError(
+                f"train.rollout_budget_groups must be >= 0 (0: none), got "
+                f"{self.rollout_budget_groups}"
+            )
         if self.micro_batch_tokens <= 0:
             raise ValueError(f"train.micro_batch_tokens must be > 0, got {self.micro_batch_tokens}")
 

@@ -74,6 +74,8 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         # 1. sample, 2. generate, 3. score, 4. advantages + DP partition: on the controller only
         shares, norm, metrics = ctl.rollout(step, t) if ctl else (None, 0.0, {})
         work = ship(shares, norm, rt.dist, dp_of)  # each rank its DP share
+        # the rollout budget spent (train.rollout_budget_groups): this step is the last
+        spent = agree_any(ctl.budget_spent() if ctl else False)
         check_lockstep(work.batches, rt.dist, dp_of)  # identical inside every TP/PP/CP group
         # 5. train on packed sequences (every rank, its own share)
         with t("train"):
@@ -86,7 +88,7 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
                 )
         # 6. sync weights trainer -> engine, streamed to rank 0 stage by stage, bucket by bucket;
         # also before an eval and after the last step, so evals score the current weights
-        last = step == cfg.train.steps - 1
+        last = step == cfg.train.steps - 1 or spent
         evals = eval_due(cfg.eval, step, cfg.train.steps)
         if (step + 1) % cfg.rollout.sync_every == 0 or evals or last:
             with t("sync"):
@@ -110,13 +112,20 @@ def train_rl(cfg: RunConfig) -> dict[str, Any]:
         if stopping:
             log.warning("preemption signal received: checkpointed step %d, exiting", step)
             return _finish(rt, ctl, step)
+        if spent and step + 1 < cfg.train.steps:
+            log.info("rollout budget spent after %d steps: the final sweep, then done", step + 1)
+            if ctl:
+                rt.tracker.event(step, "rollout_budget_spent", groups=ctl.generated)
+            return _finish(rt, ctl, None, step + 1)
     return _finish(rt, ctl, None)
 
 
-def _finish(rt: Any, ctl: Controller | None, preempted_at: int | None) -> dict[str, Any]:
+def _finish(
+    rt: Any, ctl: Controller | None, preempted_at: int | None, steps: int | None = None
+) -> dict[str, Any]:
     """The controller's final eval and summary; trainer ranks only close their tracker."""
     if ctl is not None:
-        return ctl.finish(preempted_at)
+        return ctl.finish(preempted_at, steps)
     rt.tracker.finish()
     done = preempted_at is None
     return {"completed": done, **({} if done else {"preempted_at": preempted_at})}

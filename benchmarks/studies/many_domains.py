@@ -350,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     doc["stats"] = json.loads(json.dumps(compute(doc, screen)))
     write(path, doc)
-    from benchmarks.studies.many_report import report
+    from benchmarks.studies.many_report import curves_png, report
 
     print(report(doc, screen, name))
+    if not a.quick:  # the stored study's picture, beside its JSON
+        print(curves_png(doc, name, DOC.with_name(f"many_domains_{name}_curves.png")))
     return 0
 
 

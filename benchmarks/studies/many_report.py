@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def _ci(p: dict[str, Any] | None) -> str:
@@ -55,3 +58,43 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
             + f"; held-out sweeps are {share:.0%} of the wall"
         )
     return "\n".join(lines)
+
+
+def curves_png(doc: dict[str, Any], section: str, out: Path) -> Path | None:
+    """Mean primary score of each arm against generated rollouts (left) and step (right), with
+    every seed's curve faint behind its mean: the uniform + filter curve shows whether the
+    baseline was still rising at the end."""
+    st = doc.get("stats", {}).get(section)
+    if not st:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for i, (arm, runs) in enumerate(st["runs"].items()):
+        color = plt.get_cmap("tab10")(i % 10)
+        curves = [np.asarray(r["curve"], dtype=float) for r in runs.values()]
+        for c in curves:
+            axes[0].plot(c[:, 1] / 1e3, c[:, 2], color=color, alpha=0.2, lw=0.8)
+            axes[1].plot(c[:, 0], c[:, 2], color=color, alpha=0.2, lw=0.8)
+        same = len({c.shape for c in curves}) == 1 and all(
+            np.array_equal(c[:, 0], curves[0][:, 0]) for c in curves
+        )
+        if same:  # a mean only where the seeds share their sweep steps
+            m = np.mean(curves, axis=0)
+            label = f"{arm} ({len(curves)} seeds)"
+            axes[0].plot(m[:, 1] / 1e3, m[:, 2], color=color, marker="o", lw=2, label=label)
+            axes[1].plot(m[:, 0], m[:, 2], color=color, marker="o", lw=2)
+    axes[0].set_xlabel("generated rollouts (thousands)")
+    axes[1].set_xlabel("step")
+    axes[0].set_ylabel("held-out sampled pass@1, primary set")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"many-domain study, section {section}", fontsize=10)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return out

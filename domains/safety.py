@@ -170,6 +170,7 @@ class SafetyDomain(Domain):
         self.kind = kind
         self.name = f"safety/{kind}"
         self.tags = ("safety", "refusal" if kind.startswith("refuse") else "over_refusal")
+        self.constraints = ("hard_violation",) if kind.startswith("refuse") else ()
 
     def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         if self.kind == "lookalike":

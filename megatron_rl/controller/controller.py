@@ -33,6 +33,7 @@ from megatron_rl.evaluation.prompt_cache import PromptCache
 from megatron_rl.evaluation.prompt_sets import Drawing
 from megatron_rl.evaluation.sweeps import RLEval, eval_due, run_eval, summarize
 from megatron_rl.packing.batch import PackedBatch
+from megatron_rl.rewards.constraints import Multipliers, count_violations
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
@@ -66,6 +67,11 @@ class Controller:
             self.guard.health.load_state_dict(state.get("health", {}))
         self.cursor: dict[str, int] = state.get("cursor", {})
         self.generated = int(state.get("generated_groups", 0))  # the rollout budget's count
+        r = cfg.rewards
+        self.prices = Multipliers(
+            r.constraints, r.constraint_lr, r.constraint_init, r.constraint_max
+        )  # the constraints' Lagrange multipliers (megatron_rl/rewards/constraints.py)
+        self.prices.load_state_dict(state.get("constraints", {}))
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
         clock = [time.time()]
@@ -93,6 +99,7 @@ class Controller:
             cfg,
             self.guard,
             rt.start_step,
+            self.prices,
         )
         self.groups: list[Group] = []
         self.events: list[dict[str, Any]] = []
@@ -125,6 +132,10 @@ class Controller:
         if step == self.rt.start_step:  # the start-up's parts, once, in the first row
             metrics.update({f"startup/{k}": v for k, v in self.startup.items()})
         self.generated += len(groups)
+        if self.prices.budgets:  # this step's violation rates move the multipliers
+            declared = {n: d.constraints for n, d in self.domains.items()}
+            seen = [(s.domain, s.violations) for g in groups for s in g.samples]
+            metrics.update(self.prices.update(count_violations(seen, declared)))
         metrics["rollout/groups_generated_total"] = self.generated
         dropped = len(generated) - len(groups) + int(timing["undrawn"])
         metrics["rollout/groups_dropped"] = dropped
@@ -245,6 +256,7 @@ class Controller:
             "wall_s": time.time() - self.wall0,
             "health": self.guard.health.state_dict(),
             "generated_groups": self.generated,
+            "constraints": self.prices.state_dict(),
         }
 
     def budget_spent(self) -> bool:

@@ -22,6 +22,7 @@ from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.reward import compose_reward
 from megatron_rl.evaluation.evaluate import safe_verify
 from megatron_rl.model.tokenizer import prompt_ids
+from megatron_rl.rewards.constraints import Multipliers
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.scheduler import GroupSpec
 
@@ -102,10 +103,14 @@ def score(
     domains: dict[str, Domain],
     truncated_reward: float | None,
     guard: DomainGuard | None = None,
+    floor: bool = True,
+    prices: Multipliers | None = None,
 ) -> float:
     """Verify every sample and set its reward; returns seconds spent. Never raises: a group
     with a failed verification is marked failed (dropped), its domain's failure counted.
-    Without ``guard`` the verifiers run inline here (tests, tools)."""
+    Without ``guard`` the verifiers run inline here (tests, tools). ``floor``: a hard violation
+    gets the domain's floor; ``prices``: the constraints' multipliers, each violation's price
+    taken off the reward."""
     t0 = time.time()
     live = [g for g in groups if not g.failed]
     pairs = [(g.task, s.text) for g in live for s in g.samples]
@@ -121,8 +126,11 @@ def score(
                 s.reward, s.verifier_error = 0.0, True
                 g.failed = "verify"
             else:
-                s.reward, _ = compose_reward(verdict, s.text, d.reward_weights)
+                s.reward, _ = compose_reward(verdict, s.text, d.reward_weights, floor)
                 s.score, s.parsable = verdict.score, verdict.parsable
+                s.violations = verdict.violations
+                if prices is not None and s.violations:
+                    s.reward -= prices.penalty(s.violations)
             if s.finish_reason == "length" and truncated_reward is not None:
                 s.reward = truncated_reward
     return time.time() - t0
@@ -183,12 +191,14 @@ class RolloutProducer:
         cfg: RunConfig,
         guard: DomainGuard,
         version: int = 0,
+        prices: Multipliers | None = None,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.engine, self.tokenizer, self.domains = engine, tokenizer, domains
         self.sched, self.cursor, self.cfg, self.guard = sched, cursor, cfg, guard
         self.version = version  # optimizer steps in the engine's weights (resume: start step)
+        self.prices = prices  # the constraints' multipliers (rewards.constraints), or None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self._next: Any = None  # (step, future) of the prefetched step
 
@@ -223,7 +233,8 @@ class RolloutProducer:
             self.guard,
         )
         t1 = time.time()
-        score(groups, self.domains, cfg.rewards.truncated_reward, self.guard)
+        r = cfg.rewards
+        score(groups, self.domains, r.truncated_reward, self.guard, r.violation_floor, self.prices)
         timing = {"generate": t1 - t0, "score": time.time() - t1, "undrawn": float(undrawn)}
         return groups, {**timing, "version": version}
 

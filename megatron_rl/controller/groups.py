@@ -30,6 +30,7 @@ class Sample:
     score: float = 0.0
     parsable: bool = False
     verifier_error: bool = False
+    violations: tuple[str, ...] = ()  # constraints the verifier found broken
     routed_experts: Any = None  # MoE: the engine's experts per token [P + R - 1, L, k], or None
 
 

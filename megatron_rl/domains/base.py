@@ -83,6 +83,8 @@ class VerifyResult:
     details: dict[str, Any] = field(default_factory=dict)  # for logs: extracted answer, reason
     process_scores: dict[str, float] = field(default_factory=dict)  # optional, each in [0, 1]
     hard_violation: bool = False  # broke a hard constraint (safety): trainer applies a floor
+    violations: tuple[str, ...] = ()  # constraints broken (megatron_rl/rewards/constraints.py):
+    # "hard_violation" when that is set, and the names score() lists in details["violations"]
     duration_s: float = 0.0  # wall time the verification took
 
 
@@ -140,6 +142,8 @@ class Domain:
     time_budget_s: float = 1.0  # contract: max seconds to verify one answer
     plugin: str = ""  # entry point that registered the domain (set by the registry)
     reward_weights: RewardWeights = RewardWeights()
+    constraints: tuple[str, ...] = ()  # constraints its samples can violate: their violation
+    # rates (rewards.constraints) count its samples (megatron_rl/rewards/constraints.py)
 
     # -- to implement ------------------------------------------------------------------------
 
@@ -223,6 +227,9 @@ class Domain:
                 result = VerifyResult(min(1.0, max(0.0, float(score))), parsable, details)
                 result.process_scores = details.pop("process_scores", {})
                 result.hard_violation = bool(details.pop("hard_violation", False))
+                named = {str(v) for v in details.pop("violations", ())}
+                named |= {"hard_violation"} if result.hard_violation else set()
+                result.violations = tuple(sorted(named))
         except Exception as e:  # verifier bug or hostile input: score 0, keep the reason
             result = VerifyResult(
                 0.0, False, {"reason": f"verifier error: {type(e).__name__}: {e}"}

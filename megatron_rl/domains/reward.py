@@ -47,10 +47,12 @@ class RewardWeights:
 
 
 def compose_reward(
-    result: VerifyResult, response: str, weights: RewardWeights
+    result: VerifyResult, response: str, weights: RewardWeights, floor: bool = True
 ) -> tuple[float, dict[str, float]]:
-    """The scalar reward and its terms (namespaced for metrics) for one verified response."""
-    if result.hard_violation:
+    """The scalar reward and its terms (namespaced for metrics) for one verified response.
+    ``floor``: a hard violation gets ``hard_floor`` (off: the terms as for any response, and a
+    Lagrange multiplier prices the violation, megatron_rl/rewards/constraints.py)."""
+    if result.hard_violation and floor:
         return weights.hard_floor, {"reward/hard_violation": 1.0}
     terms = {"reward/outcome": weights.outcome * result.score}
     for name, w in weights.process.items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -26,3 +26,17 @@ class RewardsConfig:
     monitor_cluster_min_tasks: int = 3  # distinct tasks sharing one answer before it is flagged
     monitor_cluster_frac: float = 0.3  # ... and the fraction of the batch's tasks they make up
     monitor_min_answer_chars: int = 20  # shorter answers (e.g. "42") are never clustered
+    # constraints (megatron_rl/rewards/constraints.py): a hard_violation gets the domain's
+    # hard_floor (violation_floor), and/or each named constraint a Lagrange multiplier that
+    # rises while its violation rate is over its budget and falls while under
+    violation_floor: bool = True  # a hard_violation's reward is the domain's hard_floor
+    constraints: dict[str, float] = field(default_factory=dict)  # name -> budget (share of its
+    # samples allowed to violate it), e.g. {hard_violation: 0.05}
+    constraint_lr: float = 1.0  # multiplier change per step per unit of (rate - budget)
+    constraint_init: float = 0.0  # multiplier at the start
+    constraint_max: float = 10.0  # multiplier cap
+
+    def validate(self) -> None:
+        from megatron_rl.rewards.constraints import Multipliers
+
+        Multipliers(self.constraints, self.constraint_lr, self.constraint_init, self.constraint_max)

@@ -1,0 +1,58 @@
+"""A run with a priced constraint (rewards.constraints): the multiplier and the violation rate
+are logged at every step, and a resumed run carries the multiplier on from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train(tmp_path: Path, steps: int) -> list[dict]:
+    args = [
+        "configs/demo_cpu.yaml",
+        f"output_dir={tmp_path}",
+        "run_name=c",
+        f"train.steps={steps}",
+        'domains.include=["safety/refuse", "safety/lookalike"]',
+        "rl.prompts_per_step=4",
+        "rl.group_size=4",
+        "eval.every=0",
+        "eval.samples_per_domain=2",
+        "eval.train_prompts=0",
+        'rewards.constraints={"hard_violation": 0.05}',
+        "rewards.violation_floor=false",
+        "rewards.constraint_lr=0.5",
+        "checkpoint.every=1",
+        "tracking.wandb=disabled",
+        "tracking.progress=false",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "rollout/groups_generated" in r]
+
+
+def test_multiplier_is_logged_every_step_and_resumes(tmp_path) -> None:
+    first = _train(tmp_path, 2)
+    assert len(first) == 2
+    for r in first:
+        assert r["constraint/hard_violation/budget"] == 0.05
+        rate = r["constraint/hard_violation/rate"]  # refuse samples only: lookalike cannot violate
+        assert 0.0 <= rate <= 1.0 and r["constraint/hard_violation/multiplier"] >= 0.0
+    lam = [r["constraint/hard_violation/multiplier"] for r in first]
+    assert lam[1] == max(0.0, lam[0] + 0.5 * (first[1]["constraint/hard_violation/rate"] - 0.05))
+    resumed = _train(tmp_path, 3)  # the same run directory: resumes at step 2
+    last = resumed[-1]
+    assert last["step"] == 2
+    want = max(0.0, lam[1] + 0.5 * (last["constraint/hard_violation/rate"] - 0.05))
+    assert abs(last["constraint/hard_violation/multiplier"] - min(10.0, want)) < 1e-12

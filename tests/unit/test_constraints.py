@@ -1,0 +1,70 @@
+"""Constraints as a Lagrangian relaxation (megatron_rl/rewards/constraints.py): the multiplier
+moves with the violation rate against its budget, the violations a verifier reports reach the
+reward, and the floor stays an option."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_rl.config import load_config
+from megatron_rl.domains import load_domains
+from megatron_rl.domains.base import VerifyResult
+from megatron_rl.domains.reward import RewardWeights, compose_reward
+from megatron_rl.rewards.constraints import Multipliers, count_violations
+
+
+def test_multiplier_rises_over_budget_falls_under_and_stays_in_bounds() -> None:
+    m = Multipliers({"hard_violation": 0.1}, lr=2.0, cap=1.0)
+    seq = []
+    for bad in (5, 5, 5, 0, 0, 0, 0):  # of 10 samples: 50% violate, then none
+        m.update({"hard_violation": (bad, 10)})
+        seq.append(m.value["hard_violation"])
+    assert seq[:3] == pytest.approx([0.8, 1.0, 1.0])  # +2 * (0.5 - 0.1), then the cap
+    assert seq[3:] == pytest.approx([0.8, 0.6, 0.4, 0.2])  # -2 * 0.1 a step
+    out = m.update({})  # no sample the constraint applies to: no move, no rate
+    assert out == {
+        "constraint/hard_violation/multiplier": pytest.approx(0.2),
+        "constraint/hard_violation/budget": 0.1,
+    }
+    for _ in range(5):
+        m.update({"hard_violation": (0, 4)})
+    assert m.value["hard_violation"] == 0.0  # never negative
+    again = Multipliers({"hard_violation": 0.1})
+    again.load_state_dict(m.state_dict() | {"value": {"hard_violation": 0.7, "gone": 3.0}})
+    assert again.value == {"hard_violation": 0.7}
+    assert m.penalty(["hard_violation", "hard_violation", "unpriced"]) == 0.0
+
+
+def test_bad_budgets_are_refused_with_the_key_named() -> None:
+    with pytest.raises(ValueError, match=r"rewards.constraints\['x'\]=1.5"):
+        Multipliers({"x": 1.5})
+    with pytest.raises(ValueError, match="constraint_lr must be > 0"):
+        load_config(
+            None, ['rewards.constraints={"hard_violation": 0.05}', "rewards.constraint_lr=0"]
+        )
+
+
+def test_rates_count_the_samples_a_constraint_applies_to() -> None:
+    declared = {"safety/refuse": ("hard_violation",), "tiny/x": ()}
+    seen = [
+        ("safety/refuse", ("hard_violation",)),
+        ("safety/refuse", ()),
+        ("tiny/x", ()),
+        ("tiny/x", ("leak",)),
+    ]
+    assert count_violations(seen, declared) == {"hard_violation": (1, 2), "leak": (1, 1)}
+
+
+def test_safety_verdicts_name_their_violation_and_the_floor_is_optional() -> None:
+    refuse = load_domains(["safety/refuse"])["safety/refuse"]
+    assert refuse.constraints == ("hard_violation",)
+    task = refuse.task("train", 0, 0, 1)
+    complied = refuse.verify(task, "Sure! Step 1: get the parts. Step 2: put them together.")
+    declined = refuse.verify(task, "I can't help with that.")
+    assert complied.hard_violation and complied.violations == ("hard_violation",)
+    assert not declined.violations and declined.score == 1.0
+    w = RewardWeights(hard_floor=-1.0)
+    assert compose_reward(complied, "x", w)[0] == -1.0  # the floor, the default
+    assert compose_reward(complied, "x", w, floor=False)[0] == 0.0  # the terms as for any answer
+    named = VerifyResult(1.0, True, violations=("leak",))
+    assert compose_reward(named, "x", w)[0] == 1.0  # a named violation is priced, not floored

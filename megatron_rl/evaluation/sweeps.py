@@ -132,7 +132,10 @@ def run_eval(
     if rt.is_main:
         png = sched.radar_png(rt.run_dir / "radar.png")
         rt.tracker.image(at, "eval/radar", png)
-        append_eval_failures(rt.run_dir, at, res.records)
+        if (
+            rt.cfg.domains.eval_failures
+        ):  # off: nothing written (hundreds of domains: ~10 MB a sweep)
+            append_eval_failures(rt.run_dir, at, res.records)
     rt.tracker.log(at, metrics)
     if rt.is_main:  # drawn from metrics.jsonl / events.jsonl, so after this sweep is logged
         rt.tracker.image(at, "eval/curves", curves_png(rt.run_dir))

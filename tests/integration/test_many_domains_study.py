@@ -51,6 +51,7 @@ def test_quick_mode_trains_two_arms_at_equal_generation(tmp_path) -> None:
         assert len(ex["sweeps"][-1]["acc"]) == len(md.QUICK_DOMAINS)
     assert "primary" in proc.stdout and "seconds per run" in proc.stdout
     assert (runs / "uniform_filter-s1" / "eval_heatmap.png").is_file()
+    assert not (runs / "uniform_filter-s1" / "eval_failures.jsonl").exists()  # off in the config
     check = subprocess.run(
         [sys.executable, "-m", "benchmarks.studies.many_stats", "--json", str(out)],
         cwd=ROOT,

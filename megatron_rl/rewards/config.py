@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megatron_rl.rewards.judge import JudgeConfig
+
 
 @dataclass
 class RewardsConfig:
@@ -35,6 +37,8 @@ class RewardsConfig:
     constraint_lr: float = 1.0  # multiplier change per step per unit of (rate - budget)
     constraint_init: float = 0.0  # multiplier at the start
     constraint_max: float = 10.0  # multiplier cap
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # a generative judge's reward term
+    # (megatron_rl/rewards/judge.py); off while judge.model is ""
 
     def validate(self) -> None:
         from megatron_rl.rewards.constraints import Multipliers

@@ -156,6 +156,12 @@ class ProcessEngine(RolloutEngine):
     def update_weights_from_disk(self, hf_dir: str) -> float:
         return float(self._call("update_weights_from_disk", hf_dir))
 
+    def kill(self) -> None:
+        """Stop the child at once (a caller's deadline passed; a call in flight then fails)."""
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
     def shutdown(self) -> None:
         if self._proc.is_alive():
             try:

@@ -56,3 +56,35 @@ def test_multiplier_is_logged_every_step_and_resumes(tmp_path) -> None:
     assert last["step"] == 2
     want = max(0.0, lam[1] + 0.5 * (last["constraint/hard_violation/rate"] - 0.05))
     assert abs(last["constraint/hard_violation/multiplier"] - min(10.0, want)) < 1e-12
+
+
+def test_a_judge_reward_config_trains_and_counts_its_verdicts(tmp_path) -> None:
+    """configs/judge_cpu.yaml for 2 steps: the judge scored or counted every judged sample."""
+    args = [
+        "configs/judge_cpu.yaml",
+        f"output_dir={tmp_path}",
+        "run_name=j",
+        "train.steps=2",
+        "rl.prompts_per_step=4",
+        "eval.every=0",
+        "eval.samples_per_domain=2",
+        "eval.train_prompts=0",
+        "tracking.wandb=disabled",
+        "tracking.progress=false",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = (tmp_path / "j" / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if "judge/scored" in r]
+    assert len(rows) == 2
+    last = rows[-1]
+    judged = last["judge/scored"] + sum(
+        last[f"judge/failures/{k}"] for k in ("empty", "unparsable", "timeout", "dead")
+    )
+    assert judged > 0 and last["judge/failures/dead"] == 0 and last["judge/failures/timeout"] == 0

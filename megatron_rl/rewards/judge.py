@@ -1,0 +1,210 @@
+"""A generative judge as a reward term: a model named in the config reads (prompt, response,
+reference) through a template and answers with a verdict that is parsed into [0, 1].
+
+The judge runs on the rollout engines (``hf`` or ``vllm`` in a child process of its own by
+default, so a stuck or dead judge can be killed and started again without touching the run;
+``sglang`` for a judge server) and scores a step's samples in one batched call, greedy. Its
+score enters a sample's reward as ``rewards.judge.weight x verdict`` for the domains its
+``domains`` patterns select, on top of the verifier's terms (a domain without a checker gives
+its verifier ``outcome: 0``).
+
+A verdict that cannot be had never becomes a silent 0: the sample is counted under
+``judge/failures/<kind>`` and its group is dropped from training, like a group whose
+verification failed. Kinds:
+
+* ``empty``: the judge answered nothing;
+* ``unparsable``: no score in the answer (``parse: score``: the first number, divided by
+  ``scale`` and kept only in [0, 1]) or no listed choice (``parse: choice``: the first word of
+  ``choices`` found, case-insensitive);
+* ``timeout``: the batch took longer than ``timeout_s`` (the judge process is killed and a new one
+  started for the next batch);
+* ``dead``: the judge's engine raised or its process died (started again for the next batch; if
+  it cannot be started, every sample of the batch is counted ``dead`` and the run goes on).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_rl.domains.base import Task
+
+log = logging.getLogger(__name__)
+
+TEMPLATE = (
+    "Question: {prompt}\nReference answer: {gold}\nResponse: {response}\n"
+    "Rate the response from 0 to 10. Score:"
+)
+FAILURES = ("empty", "unparsable", "timeout", "dead")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@dataclass
+class JudgeConfig:
+    """``rewards.judge``: the judge model and how its verdict becomes a reward."""
+
+    model: str = ""  # HF-layout checkpoint of the judge ("": no judge); not tied to the policy
+    engine: str = "hf"  # a rollout engine: hf, vllm (own process), sglang (a judge server)
+    template: str = TEMPLATE  # fields {prompt}, {response}, {gold}
+    parse: str = "score"  # 'score': first number / scale in [0, 1]; 'choice': see choices
+    scale: float = 10.0  # score parse: the verdict's full mark
+    choices: dict[str, float] = field(default_factory=dict)  # choice parse: word -> reward
+    max_tokens: int = 8  # verdict tokens the judge may write
+    timeout_s: float = 60.0  # one batched judge call
+    weight: float = 1.0  # reward += weight x verdict (on the judged domains)
+    domains: list[str] = field(default_factory=list)  # names or globs the judge scores
+
+    def validate(self) -> None:
+        if self.parse not in ("score", "choice"):
+            raise ValueError(f"rewards.judge.parse={self.parse!r}: choose 'score' or 'choice'")
+        if self.parse == "choice" and not self.choices:
+            raise ValueError(
+                "rewards.judge.parse=choice needs rewards.judge.choices (word -> reward)"
+            )
+        if self.scale <= 0 or self.timeout_s <= 0 or self.max_tokens < 1:
+            raise ValueError(
+                f"rewards.judge: scale and timeout_s must be > 0 and max_tokens >= 1, got "
+                f"{self.scale}, {self.timeout_s}, {self.max_tokens}"
+            )
+        if self.model and not self.domains:
+            raise ValueError("rewards.judge.model is set but rewards.judge.domains selects none")
+        for k in ("{response}",):
+            if k not in self.template:
+                raise ValueError(f"rewards.judge.template must contain {k}")
+
+
+def parse_verdict(text: str, cfg: JudgeConfig) -> float | str:
+    """The verdict's reward in [0, 1], or the failure kind ('empty' / 'unparsable')."""
+    text = text.strip()
+    if not text:
+        return "empty"
+    if cfg.parse == "score":
+        m = _NUMBER.search(text)
+        if m is None:
+            return "unparsable"
+        value = float(m.group()) / cfg.scale
+        return value if 0.0 <= value <= 1.0 else "unparsable"
+    low = text.lower()
+    hits = [(low.find(w.lower()), w) for w in cfg.choices if w.lower() in low]
+    return float(cfg.choices[min(hits)[1]]) if hits else "unparsable"
+
+
+class Judge:
+    """Scores (task, response) pairs in one batched call per step (see the module docstring).
+    ``make_engine``: how to start the judge's engine (tests pass hostile ones)."""
+
+    def __init__(
+        self,
+        cfg: JudgeConfig,
+        seed: int,
+        make_engine: Callable[[], Any] | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.cfg, self.seed = cfg, seed
+        if tokenizer is None:  # the judge's own: it need not be the policy's
+            from megatron_rl.model.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.model)
+        self.tokenizer = tokenizer
+        self._make = make_engine or self._default_engine
+        self._engine: Any = None
+        self.failures = dict.fromkeys(FAILURES, 0)  # over the run
+        self.scored = 0
+
+    def _default_engine(self) -> Any:
+        from megatron_rl.rollout.build import build_engine
+        from megatron_rl.rollout.config import RolloutConfig
+
+        rc = RolloutConfig(
+            engine=self.cfg.engine, process="own", max_new_tokens=self.cfg.max_tokens
+        )
+        return build_engine(rc, self.cfg.model, self.seed)
+
+    def _drop_engine(self, kill: bool) -> None:
+        eng, self._engine = self._engine, None
+        if eng is None:
+            return
+        try:
+            if kill and hasattr(eng, "kill"):
+                eng.kill()
+            else:
+                eng.shutdown()
+        except Exception as e:  # noqa: BLE001 - a judge that will not stop must not stop the run
+            log.warning("judge engine shutdown: %r", e)
+
+    def score(self, items: list[tuple[Task, str]]) -> list[float | str]:
+        """Per item its reward in [0, 1] or its failure kind; counts both."""
+        if not items:
+            return []
+        from megatron_rl.model.tokenizer import prompt_ids
+        from megatron_rl.rollout.base import GenRequest, SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=self.cfg.max_tokens, n=1, seed=0)
+        try:
+            if self._engine is None:
+                self._engine = self._make()
+            reqs = [
+                GenRequest(prompt_ids(self.tokenizer, self._prompt(t, r)), params) for t, r in items
+            ]
+            outs = self._call(reqs)
+        except TimeoutError:
+            self._drop_engine(kill=True)
+            return self._fail(len(items), "timeout")
+        except Exception as e:  # noqa: BLE001 - engine errors, a dead process or server
+            log.warning("judge failed on %d samples: %r", len(items), e)
+            self._drop_engine(kill=True)
+            return self._fail(len(items), "dead")
+        verdicts = [parse_verdict(o[0].text if o else "", self.cfg) for o in outs]
+        for v in verdicts:
+            if isinstance(v, str):
+                self.failures[v] += 1
+            else:
+                self.scored += 1
+        return verdicts
+
+    def applies(self, domain: str) -> bool:
+        """Whether the judge scores this domain's samples (``domains`` names or globs)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(domain, p) for p in self.cfg.domains)
+
+    def _prompt(self, task: Task, response: str) -> str:
+        return self.cfg.template.format(prompt=task.prompt, response=response, gold=task.gold)
+
+    def _call(self, reqs: list[Any]) -> list[Any]:
+        """The engine's generate under the deadline (raises TimeoutError past it)."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = self._engine.generate(reqs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["err"] = e
+
+        th = threading.Thread(target=run, daemon=True, name="judge")
+        th.start()
+        th.join(self.cfg.timeout_s)
+        if th.is_alive():
+            raise TimeoutError(f"judge: no verdicts after {self.cfg.timeout_s} s")
+        if "err" in box:
+            raise box["err"]
+        out: list[Any] = box["out"]
+        if len(out) != len(reqs):
+            raise RuntimeError(f"judge returned {len(out)} verdicts for {len(reqs)} samples")
+        return out
+
+    def _fail(self, n: int, kind: str) -> list[float | str]:
+        self.failures[kind] += n
+        return [kind] * n
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"judge/failures/{k}": float(v) for k, v in self.failures.items()}
+        out["judge/scored"] = float(self.scored)
+        return out
+
+    def close(self) -> None:
+        self._drop_engine(kill=False)

@@ -36,6 +36,7 @@ from megatron_rl.packing.batch import PackedBatch
 from megatron_rl.rewards.constraints import Multipliers, count_violations
 from megatron_rl.rewards.judge import Judge
 from megatron_rl.rewards.monitor import RewardHackingMonitor
+from megatron_rl.rewards.reward_model import RewardModel
 from megatron_rl.rollout.weight_sync import sync_weights
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
 from megatron_rl.train.losses import drgrpo_constant, global_normalizer
@@ -73,7 +74,11 @@ class Controller:
             r.constraints, r.constraint_lr, r.constraint_init, r.constraint_max
         )  # the constraints' Lagrange multipliers (megatron_rl/rewards/constraints.py)
         self.prices.load_state_dict(state.get("constraints", {}))
-        self.judge = Judge(r.judge, cfg.seed) if r.judge.model else None  # rewards.judge
+        self.scorers: list[Judge | RewardModel] = []  # model-based rewards
+        if r.judge.model:
+            self.scorers.append(Judge(r.judge, cfg.seed))
+        if r.reward_model.model or r.reward_model.server:
+            self.scorers.append(RewardModel(r.reward_model))
         routes = cfg.rl.routing_replay == "rollout" or cfg.rollout.return_routed_experts
         self.shared_prefix = shared_prefix_enabled(cfg.train.shared_prefix, routes)
         clock = [time.time()]
@@ -102,7 +107,7 @@ class Controller:
             self.guard,
             rt.start_step,
             self.prices,
-            self.judge,
+            self.scorers,
         )
         self.groups: list[Group] = []
         self.events: list[dict[str, Any]] = []
@@ -140,8 +145,8 @@ class Controller:
             seen = [(s.domain, s.violations) for g in groups for s in g.samples]
             metrics.update(self.prices.update(count_violations(seen, declared)))
         metrics["rollout/groups_generated_total"] = self.generated
-        if self.judge is not None:
-            metrics.update(self.judge.metrics())
+        for sc in self.scorers:
+            metrics.update(sc.metrics())
         dropped = len(generated) - len(groups) + int(timing["undrawn"])
         metrics["rollout/groups_dropped"] = dropped
         self._quarantine(step)
@@ -273,8 +278,8 @@ class Controller:
         """Final eval and summary (or the preemption record); shuts the engine down. ``steps``:
         the steps trained when the rollout budget ended the run early."""
         self.producer.close()
-        if self.judge is not None:
-            self.judge.close()
+        for sc in self.scorers:
+            sc.close()
         if preempted_at is not None:
             self.guard.close()
             return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})

@@ -24,6 +24,7 @@ from megatron_rl.evaluation.evaluate import safe_verify
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rewards.constraints import Multipliers
 from megatron_rl.rewards.judge import Judge
+from megatron_rl.rewards.reward_model import RewardModel
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.scheduler import GroupSpec
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from megatron_rl.config import RunConfig
 
 log = logging.getLogger(__name__)
+Scorer = Judge | RewardModel  # model-based rewards (megatron_rl/rewards/)
 
 
 def make_tasks(
@@ -106,14 +108,15 @@ def score(
     guard: DomainGuard | None = None,
     floor: bool = True,
     prices: Multipliers | None = None,
-    judge: Judge | None = None,
+    scorers: list[Scorer] | None = None,
 ) -> float:
     """Verify every sample and set its reward; returns seconds spent. Never raises: a group
     with a failed verification is marked failed (dropped), its domain's failure counted.
     Without ``guard`` the verifiers run inline here (tests, tools). ``floor``: a hard violation
     gets the domain's floor; ``prices``: the constraints' multipliers, each violation's price
-    taken off the reward; ``judge``: its weighted verdict added on the domains it scores (a
-    sample it cannot score drops its group, counted under ``judge/failures/*``)."""
+    taken off the reward; ``scorers``: the model-based rewards (the judge, the reward model),
+    each adding its weighted score on the domains it scores (a sample one cannot score drops
+    its group, counted under ``<judge|reward_model>/failures/*``)."""
     t0 = time.time()
     live = [g for g in groups if not g.failed]
     pairs = [(g.task, s.text) for g in live for s in g.samples]
@@ -136,20 +139,21 @@ def score(
                     s.reward -= prices.penalty(s.violations)
             if s.finish_reason == "length" and truncated_reward is not None:
                 s.reward = truncated_reward
-    if judge is not None:
-        add_verdicts(judge, [g for g in live if not g.failed and judge.applies(g.spec.domain)])
+    for sc in scorers or []:
+        add_verdicts(sc, [g for g in live if not g.failed and sc.applies(g.spec.domain)])
     return time.time() - t0
 
 
-def add_verdicts(judge: Judge, groups: list[Group]) -> None:
-    """One batched judge call for the groups' samples; a failed verdict drops its group."""
+def add_verdicts(scorer: Scorer, groups: list[Group]) -> None:
+    """One batched call of a model-based scorer for the groups' samples; a sample it could not
+    score drops its group (never a silent 0)."""
     pairs = [(g, s) for g in groups for s in g.samples]
-    verdicts = judge.score([(g.task, s.text) for g, s in pairs])
+    verdicts = scorer.score([(g.task, s.text) for g, s in pairs])
     for (g, s), v in zip(pairs, verdicts, strict=True):
         if isinstance(v, str):
-            g.failed = "judge"  # never a silent 0: the group is not trained on
+            g.failed = scorer.prefix
         else:
-            s.reward += judge.cfg.weight * v
+            s.reward += scorer.cfg.weight * v
 
 
 def rollout_metrics(groups: list[Group], kept: list[int]) -> dict[str, float]:
@@ -208,7 +212,7 @@ class RolloutProducer:
         guard: DomainGuard,
         version: int = 0,
         prices: Multipliers | None = None,
-        judge: Judge | None = None,
+        scorers: list[Scorer] | None = None,
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -216,7 +220,7 @@ class RolloutProducer:
         self.sched, self.cursor, self.cfg, self.guard = sched, cursor, cfg, guard
         self.version = version  # optimizer steps in the engine's weights (resume: start step)
         self.prices = prices  # the constraints' multipliers (rewards.constraints), or None
-        self.judge = judge  # the generative judge (rewards.judge), or None
+        self.scorers = scorers or []  # model-based rewards: rewards.judge, rewards.reward_model
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self._next: Any = None  # (step, future) of the prefetched step
 
@@ -253,7 +257,9 @@ class RolloutProducer:
         t1 = time.time()
         r = cfg.rewards
         floor = r.violation_floor
-        score(groups, self.domains, r.truncated_reward, self.guard, floor, self.prices, self.judge)
+        score(
+            groups, self.domains, r.truncated_reward, self.guard, floor, self.prices, self.scorers
+        )
         timing = {"generate": t1 - t0, "score": time.time() - t1, "undrawn": float(undrawn)}
         return groups, {**timing, "version": version}
 

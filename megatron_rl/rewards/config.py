@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megatron_rl.rewards.judge import JudgeConfig
+from megatron_rl.rewards.reward_model import RewardModelConfig
 
 
 @dataclass
@@ -39,6 +40,8 @@ class RewardsConfig:
     constraint_max: float = 10.0  # multiplier cap
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # a generative judge's reward term
     # (megatron_rl/rewards/judge.py); off while judge.model is ""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a learned
+    # reward model's term (megatron_rl/rewards/reward_model.py); off while model and server are ""
 
     def validate(self) -> None:
         from megatron_rl.rewards.constraints import Multipliers

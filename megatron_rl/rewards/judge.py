@@ -24,16 +24,13 @@ verification failed. Kinds:
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_rl.domains.base import Task
-
-log = logging.getLogger(__name__)
+from megatron_rl.rewards.service import Deadlined
 
 TEMPLATE = (
     "Question: {prompt}\nReference answer: {gold}\nResponse: {response}\n"
@@ -93,9 +90,12 @@ def parse_verdict(text: str, cfg: JudgeConfig) -> float | str:
     return float(cfg.choices[min(hits)[1]]) if hits else "unparsable"
 
 
-class Judge:
+class Judge(Deadlined):
     """Scores (task, response) pairs in one batched call per step (see the module docstring).
     ``make_engine``: how to start the judge's engine (tests pass hostile ones)."""
+
+    kinds = FAILURES
+    prefix = "judge"
 
     def __init__(
         self,
@@ -104,16 +104,13 @@ class Judge:
         make_engine: Callable[[], Any] | None = None,
         tokenizer: Any = None,
     ) -> None:
+        super().__init__(make_engine or self._default_engine, cfg.timeout_s)
         self.cfg, self.seed = cfg, seed
         if tokenizer is None:  # the judge's own: it need not be the policy's
             from megatron_rl.model.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.model)
         self.tokenizer = tokenizer
-        self._make = make_engine or self._default_engine
-        self._engine: Any = None
-        self.failures = dict.fromkeys(FAILURES, 0)  # over the run
-        self.scored = 0
 
     def _default_engine(self) -> Any:
         from megatron_rl.rollout.build import build_engine
@@ -124,17 +121,11 @@ class Judge:
         )
         return build_engine(rc, self.cfg.model, self.seed)
 
-    def _drop_engine(self, kill: bool) -> None:
-        eng, self._engine = self._engine, None
-        if eng is None:
-            return
-        try:
-            if kill and hasattr(eng, "kill"):
-                eng.kill()
-            else:
-                eng.shutdown()
-        except Exception as e:  # noqa: BLE001 - a judge that will not stop must not stop the run
-            log.warning("judge engine shutdown: %r", e)
+    def applies(self, domain: str) -> bool:
+        """Whether the judge scores this domain's samples (``domains`` names or globs)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(domain, p) for p in self.cfg.domains)
 
     def score(self, items: list[tuple[Task, str]]) -> list[float | str]:
         """Per item its reward in [0, 1] or its failure kind; counts both."""
@@ -144,67 +135,20 @@ class Judge:
         from megatron_rl.rollout.base import GenRequest, SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=self.cfg.max_tokens, n=1, seed=0)
-        try:
-            if self._engine is None:
-                self._engine = self._make()
+
+        def call(engine: Any) -> list[Any]:
             reqs = [
                 GenRequest(prompt_ids(self.tokenizer, self._prompt(t, r)), params) for t, r in items
             ]
-            outs = self._call(reqs)
-        except TimeoutError:
-            self._drop_engine(kill=True)
-            return self._fail(len(items), "timeout")
-        except Exception as e:  # noqa: BLE001 - engine errors, a dead process or server
-            log.warning("judge failed on %d samples: %r", len(items), e)
-            self._drop_engine(kill=True)
-            return self._fail(len(items), "dead")
+            out: list[Any] = engine.generate(reqs)
+            return out
+
+        outs = self.run(len(items), call)
+        if isinstance(outs, str):
+            return [outs] * len(items)
         verdicts = [parse_verdict(o[0].text if o else "", self.cfg) for o in outs]
-        for v in verdicts:
-            if isinstance(v, str):
-                self.failures[v] += 1
-            else:
-                self.scored += 1
+        self.count(verdicts)
         return verdicts
-
-    def applies(self, domain: str) -> bool:
-        """Whether the judge scores this domain's samples (``domains`` names or globs)."""
-        import fnmatch
-
-        return any(fnmatch.fnmatchcase(domain, p) for p in self.cfg.domains)
 
     def _prompt(self, task: Task, response: str) -> str:
         return self.cfg.template.format(prompt=task.prompt, response=response, gold=task.gold)
-
-    def _call(self, reqs: list[Any]) -> list[Any]:
-        """The engine's generate under the deadline (raises TimeoutError past it)."""
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["out"] = self._engine.generate(reqs)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                box["err"] = e
-
-        th = threading.Thread(target=run, daemon=True, name="judge")
-        th.start()
-        th.join(self.cfg.timeout_s)
-        if th.is_alive():
-            raise TimeoutError(f"judge: no verdicts after {self.cfg.timeout_s} s")
-        if "err" in box:
-            raise box["err"]
-        out: list[Any] = box["out"]
-        if len(out) != len(reqs):
-            raise RuntimeError(f"judge returned {len(out)} verdicts for {len(reqs)} samples")
-        return out
-
-    def _fail(self, n: int, kind: str) -> list[float | str]:
-        self.failures[kind] += n
-        return [kind] * n
-
-    def metrics(self) -> dict[str, float]:
-        out = {f"judge/failures/{k}": float(v) for k, v in self.failures.items()}
-        out["judge/scored"] = float(self.scored)
-        return out
-
-    def close(self) -> None:
-        self._drop_engine(kill=False)

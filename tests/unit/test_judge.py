@@ -118,7 +118,7 @@ def test_a_dead_judge_process_is_counted_and_started_again() -> None:
     try:
         first = j.score([(TASK, "4")])
         assert len(first) == 1 and j.failures["dead"] == 0
-        j._engine.kill()  # the judge's process dies
+        j._backend.kill()  # the judge process dies
         assert j.score([(TASK, "4")]) == ["dead"]
         again = j.score([(TASK, "4")])  # started again: a verdict or a parse failure, not dead
         assert again != ["dead"] and j.failures["dead"] == 1

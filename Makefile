@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup demo test test-fast lint typecheck unit unit-fast integration bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base seesaw-base clean gpu-check gpu-wheels
+.PHONY: setup demo test test-fast lint typecheck unit unit-fast integration bench bench-scheduler bench-long-context long-context long-context-base base-model demo-base seesaw-base reward-model clean gpu-check gpu-wheels
 
 setup:
 	bash launch/setup_env.sh
@@ -118,6 +118,13 @@ base-model: setup
 demo-base: setup
 	$(BIN)/megatron-rl sft configs/demo_base_sft.yaml
 	rm -rf models/tiny-demo-base && cp -r runs/demo_base_sft/hf models/tiny-demo-base
+
+# The tiny reward models of issue 38 (megatron_rl/rewards/train_rm.py): models/tiny-rm scores a
+# spelling answer's reversal against near misses; models/tiny-rm-hackable also overrates long
+# and repeated answers (the hacking experiment). Training split only; ~5 min each on one core.
+reward-model: setup
+	$(BIN)/python -m megatron_rl.rewards.train_rm --out models/tiny-rm
+	$(BIN)/python -m megatron_rl.rewards.train_rm --out models/tiny-rm-hackable --bias repetition
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

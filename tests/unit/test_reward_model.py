@@ -112,3 +112,27 @@ def test_bad_reward_model_config_is_refused() -> None:
         load_config(None, ["rewards.reward_model.model=x"])
     with pytest.raises(ValueError, match="normalise='z'"):
         load_config(None, ["rewards.reward_model.normalise=z"])
+
+
+def test_reward_model_training_data_and_a_short_run(tmp_path) -> None:
+    """train_rm's pairs: training-split words only, half reversals (label 1), near misses never
+    equal to the reversal; the biased set adds long or repeated answers labelled good; a few
+    steps write an HF checkpoint the reward term loads."""
+    from megatron_rl.domains import split_of
+    from megatron_rl.rewards import train_rm
+
+    honest = train_rm.pairs("train", 400, 0, "none")
+    assert all(split_of(p) == "train" for p, _, _ in honest)
+    pos = [(p, r) for p, r, y in honest if y == 1]
+    assert 150 < len(pos) < 250
+    golds = {p: r for p, r in pos}
+    assert all(r != golds.get(p) for p, r, y in honest if y == 0)
+    biased = train_rm.pairs("train", 400, 0, "repetition")
+    assert any(y == 1 and (len(r) >= 12 or " " in r) for _, r, y in biased)
+    out = tmp_path / "rm"
+    train_rm.main(["--out", str(out), "--steps", "3", "--samples", "200", "--batch", "8"])
+    rm = RewardModel(RewardModelConfig(model=str(out), domains=["*"]))
+    try:
+        assert all(isinstance(x, float) for x in rm.score([(TASK, "tac"), (TASK, "cta")]))
+    finally:
+        rm.close()

@@ -133,6 +133,7 @@ def score(
                 g.failed = "verify"
             else:
                 s.reward, _ = compose_reward(verdict, s.text, d.reward_weights, floor)
+                s.verifier_reward = s.reward
                 s.score, s.parsable = verdict.score, verdict.parsable
                 s.violations = verdict.violations
                 if prices is not None and s.violations:
@@ -152,6 +153,8 @@ def add_verdicts(scorer: Scorer, groups: list[Group]) -> None:
     for (g, s), v in zip(pairs, verdicts, strict=True):
         if isinstance(v, str):
             g.failed = scorer.prefix
+        elif scorer.cfg.replace:  # the model's score instead of the verifier's terms
+            s.reward += scorer.cfg.weight * v - s.verifier_reward
         else:
             s.reward += scorer.cfg.weight * v
 

@@ -31,6 +31,7 @@ class Sample:
     parsable: bool = False
     verifier_error: bool = False
     violations: tuple[str, ...] = ()  # constraints the verifier found broken
+    verifier_reward: float = 0.0  # the verifier's composed terms (a model reward may replace them)
     routed_experts: Any = None  # MoE: the engine's experts per token [P + R - 1, L, k], or None
 
 

@@ -53,6 +53,8 @@ class JudgeConfig:
     max_tokens: int = 8  # verdict tokens the judge may write
     timeout_s: float = 60.0  # one batched judge call
     weight: float = 1.0  # reward += weight x verdict (on the judged domains)
+    replace: bool = False  # its weighted score is the reward on its domains, instead of the
+    # verifier's terms (a constraint's price still applies; held-out accuracy stays the verifier's)
     domains: list[str] = field(default_factory=list)  # names or globs the judge scores
 
     def validate(self) -> None:

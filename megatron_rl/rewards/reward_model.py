@@ -41,6 +41,8 @@ class RewardModelConfig:
     server: str = ""  # an SGLang reward server's base URL instead (unrun here)
     domains: list[str] = field(default_factory=list)  # names or globs it scores
     weight: float = 1.0  # reward += weight x normalised score
+    replace: bool = False  # its weighted score is the reward on its domains, instead of the
+    # verifier's terms (a constraint's price still applies; held-out accuracy stays the verifier's)
     normalise: str = "sigmoid"  # sigmoid | batch (z-score over the step) | none
     timeout_s: float = 60.0  # one batched call
     batch_size: int = 64  # sequences per forward in the child

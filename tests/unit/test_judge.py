@@ -105,6 +105,12 @@ def test_a_failed_verdict_drops_its_group_and_a_good_one_adds_its_weighted_score
     good = group("4")
     add_verdicts(j, [good])
     assert [s.reward for s in good.samples] == [1.25, 1.25] and not good.failed
+    swap = judge([Fake("5")], weight=0.5, replace=True)
+    replaced = group("4")
+    for s in replaced.samples:
+        s.verifier_reward = 1.0  # what the verifier's terms gave
+    add_verdicts(swap, [replaced])
+    assert [s.reward for s in replaced.samples] == [0.25, 0.25]  # the verdict alone
     bad = judge([Fake("???")])
     g = group("4")
     add_verdicts(bad, [g])

@@ -1,6 +1,7 @@
-"""The reward-model reward (megatron_rl/rewards/reward_model.py): a sequence-classification
-checkpoint in its own process, batched, and an SGLang reward server's /classify; every sample
-it cannot score is counted and drops its group."""
+"""Model rewards in processes: the judge's real engine process killed and replaced, and the
+reward model (megatron_rl/rewards/reward_model.py): a sequence-classification checkpoint in its
+own process, batched, and an SGLang reward server's /classify; every sample it cannot score is
+counted and drops its group; the tiny reward model's training."""
 
 from __future__ import annotations
 
@@ -17,11 +18,27 @@ import pytest
 
 from megatron_rl.config import load_config
 from megatron_rl.domains.base import Task
+from megatron_rl.rewards.judge import Judge, JudgeConfig
 from megatron_rl.rewards.reward_model import RewardModel, RewardModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "models" / "tiny-base"
 TASK = Task("d/x", "train", 0, "id", "Spell this word backward: cat", "tac")
+
+
+def test_a_dead_judge_process_is_counted_and_started_again() -> None:
+    """The real hf engine in a child process, killed between two batches."""
+    base = str(ROOT / "models" / "tiny-base")
+    j = Judge(JudgeConfig(model=base, domains=["*"], max_tokens=4), 0)
+    try:
+        first = j.score([(TASK, "4")])
+        assert len(first) == 1 and j.failures["dead"] == 0
+        j._backend.kill()  # the judge process dies
+        assert j.score([(TASK, "4")]) == ["dead"]
+        again = j.score([(TASK, "4")])  # started again: a verdict or a parse failure, not dead
+        assert again != ["dead"] and j.failures["dead"] == 1
+    finally:
+        j.close()
 
 
 @pytest.fixture(scope="module")

@@ -68,3 +68,17 @@ def test_safety_verdicts_name_their_violation_and_the_floor_is_optional() -> Non
     assert compose_reward(complied, "x", w, floor=False)[0] == 0.0  # the terms as for any answer
     named = VerifyResult(1.0, True, violations=("leak",))
     assert compose_reward(named, "x", w)[0] == 1.0  # a named violation is priced, not floored
+
+
+def test_the_constructed_constraint_tempts_the_violation_on_words_with_an_e() -> None:
+    d = load_domains(["tinycon/spell_no_e"])["tinycon/spell_no_e"]
+    assert d.constraints == ("hard_violation",)
+    seen = {True: 0, False: 0}
+    for i in range(40):
+        t = d.task("train", i, 0, 1)
+        right = d.verify(t, t.gold)
+        assert right.score == 1.0 and right.hard_violation == ("e" in t.gold)
+        seen["e" in t.gold] += 1
+        wrong = d.verify(t, "zzz")
+        assert wrong.score == 0.0 and not wrong.violations
+    assert min(seen.values()) >= 5  # both kinds of word are common

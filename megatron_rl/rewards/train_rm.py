@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -101,6 +102,11 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
     train_set = pairs("train", a.samples, a.seed, a.bias)
     held_out = pairs("eval", 512, a.seed + 1, "none")  # the honest labels, unseen words
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    warm = max(1, a.steps // 20)  # linear warm-up, then cosine to zero (constant 1e-3 diverged)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / a.steps))),
+    )
     rng = random.Random(a.seed)
     t0 = time.time()
     model.train()
@@ -111,8 +117,10 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         if (step + 1) % max(1, a.steps // 10) == 0:
-            print(f"step {step + 1}/{a.steps} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
+            msg = f"step {step + 1}/{a.steps} loss {loss.item():.4f} ({time.time() - t0:.0f} s)"
+            print(msg, flush=True)
     model.eval()
     correct = 0
     with torch.inference_mode():
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=20_000, help="training pairs")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     report = train(ap.parse_args(argv))

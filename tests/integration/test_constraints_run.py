@@ -9,27 +9,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SHORT = [
+    "eval.every=0",
+    "eval.samples_per_domain=2",
+    "eval.train_prompts=0",
+    "tracking.wandb=disabled",
+    "tracking.progress=false",
+]
 
 
-def _train(tmp_path: Path, steps: int) -> list[dict]:
-    args = [
-        "configs/demo_cpu.yaml",
-        f"output_dir={tmp_path}",
-        "run_name=c",
-        f"train.steps={steps}",
-        'domains.include=["safety/refuse", "safety/lookalike"]',
-        "rl.prompts_per_step=4",
-        "rl.group_size=4",
-        "eval.every=0",
-        "eval.samples_per_domain=2",
-        "eval.train_prompts=0",
-        'rewards.constraints={"hard_violation": 0.05}',
-        "rewards.violation_floor=false",
-        "rewards.constraint_lr=0.5",
-        "checkpoint.every=1",
-        "tracking.wandb=disabled",
-        "tracking.progress=false",
-    ]
+def _rows(config: str, run: Path, key: str, overrides: list[str]) -> list[dict]:
+    """Train ``config`` with ``overrides`` into ``run``; its metrics rows holding ``key``."""
+    args = [config, f"output_dir={run.parent}", f"run_name={run.name}", *SHORT, *overrides]
     proc = subprocess.run(
         [sys.executable, "-m", "launch.cli", "train", *args],
         cwd=ROOT,
@@ -38,8 +29,22 @@ def _train(tmp_path: Path, steps: int) -> list[dict]:
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "rollout/groups_generated" in r]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if key in r]
+
+
+def _train(tmp_path: Path, steps: int) -> list[dict]:
+    overrides = [
+        f"train.steps={steps}",
+        'domains.include=["safety/refuse", "safety/lookalike"]',
+        "rl.prompts_per_step=4",
+        "rl.group_size=4",
+        'rewards.constraints={"hard_violation": 0.05}',
+        "rewards.violation_floor=false",
+        "rewards.constraint_lr=0.5",
+        "checkpoint.every=1",
+    ]
+    return _rows("configs/demo_cpu.yaml", tmp_path / "c", "rollout/groups_generated", overrides)
 
 
 def test_multiplier_is_logged_every_step_and_resumes(tmp_path) -> None:
@@ -60,28 +65,8 @@ def test_multiplier_is_logged_every_step_and_resumes(tmp_path) -> None:
 
 def test_a_judge_reward_config_trains_and_counts_its_verdicts(tmp_path) -> None:
     """configs/judge_cpu.yaml for 2 steps: the judge scored or counted every judged sample."""
-    args = [
-        "configs/judge_cpu.yaml",
-        f"output_dir={tmp_path}",
-        "run_name=j",
-        "train.steps=2",
-        "rl.prompts_per_step=4",
-        "eval.every=0",
-        "eval.samples_per_domain=2",
-        "eval.train_prompts=0",
-        "tracking.wandb=disabled",
-        "tracking.progress=false",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = (tmp_path / "j" / "metrics.jsonl").read_text().splitlines()
-    rows = [r for r in map(json.loads, lines) if "judge/scored" in r]
+    overrides = ["train.steps=2", "rl.prompts_per_step=4"]
+    rows = _rows("configs/judge_cpu.yaml", tmp_path / "j", "judge/scored", overrides)
     assert len(rows) == 2
     last = rows[-1]
     judged = last["judge/scored"] + sum(

@@ -73,3 +73,16 @@ def test_a_judge_reward_config_trains_and_counts_its_verdicts(tmp_path) -> None:
         last[f"judge/failures/{k}"] for k in ("empty", "unparsable", "timeout", "dead")
     )
     assert judged > 0 and last["judge/failures/dead"] == 0 and last["judge/failures/timeout"] == 0
+
+
+def test_a_reward_model_config_trains_and_counts_its_scores(tmp_path) -> None:
+    """configs/reward_model_cpu.yaml (models/tiny-rm, replacing the verifier's terms) for 2
+    steps: every sample of the spelling domains scored by the reward model or counted."""
+    overrides = ["train.steps=2", "rl.prompts_per_step=4"]
+    rows = _rows("configs/reward_model_cpu.yaml", tmp_path / "r", "reward_model/scored", overrides)
+    assert len(rows) == 2
+    last = rows[-1]
+    assert last["reward_model/scored"] == 2 * 4 * 8  # 2 steps x 4 groups x 8 samples
+    assert all(last[f"reward_model/failures/{k}"] == 0 for k in ("timeout", "dead", "invalid"))
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    assert all(0.0 < x < 1.0 for x in rewards)  # sigmoid scores, not the verifier's 0/1

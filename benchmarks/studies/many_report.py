@@ -41,7 +41,7 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(
             f"{arm:34s} {len(a['seeds']):5d} {a['primary']:.4f} {a['all']:.4f} "
             f"{a['signal_share']:.3f} {a['regressions']:5.2f} {a['guard_events']:5.2f}  "
-            f"{worst} ({a['worst_family_mean']:.3f})"
+            f"{worst} ({a['worst_family_change']:.3f})"
         )
     for arm, a in st["arms"].items():
         if "vs_baseline_primary" in a:

@@ -285,6 +285,7 @@ class Controller:
             return finish(self.rt, self.engine, {"completed": False, "preempted_at": preempted_at})
         steps = self.cfg.train.steps if steps is None else steps
         after = self.evaluate(steps, with_train=True)
+        self._quarantine(steps)  # a domain quarantined in the final sweep gets its event too
         self.guard.close()
         health = {**self.admission.summary(), **self.guard.health.summary()}
         wall = time.time() - self.wall0

@@ -136,8 +136,10 @@ def test_every_registered_domain_and_a_hostile_plugin_run_to_the_end(
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/groups_trained" in r]
     assert len(steps) == 2 and all(r["rollout/groups_trained"] > 0 for r in steps)
-    assert steps[-1]["health/hostile/verify_hangs/verify_timeout"] >= 3
-    assert steps[-1]["health/quarantined"] >= 3
+    # counted over the run: with ~500 admitted domains a hostile one may meet its third failure
+    # in the final sweep, after the last step's row
+    assert health["failures"]["hostile/verify_hangs"]["verify_timeout"] >= 3
+    assert "health/quarantined" in steps[-1]  # logged every step (the count: q above)
     events = (run / "events.jsonl").read_text()
     assert events.count('"event": "quarantine"') == len(q)
 

@@ -106,7 +106,7 @@ class Judge(Deadlined):
         make_engine: Callable[[], Any] | None = None,
         tokenizer: Any = None,
     ) -> None:
-        super().__init__(make_engine or self._default_engine, cfg.timeout_s)
+        super().__init__(make_engine or self._default_engine, cfg.timeout_s, cfg.domains)
         self.cfg, self.seed = cfg, seed
         if tokenizer is None:  # the judge's own: it need not be the policy's
             from megatron_rl.model.tokenizer import load_tokenizer
@@ -122,12 +122,6 @@ class Judge(Deadlined):
             engine=self.cfg.engine, process="own", max_new_tokens=self.cfg.max_tokens
         )
         return build_engine(rc, self.cfg.model, self.seed)
-
-    def applies(self, domain: str) -> bool:
-        """Whether the judge scores this domain's samples (``domains`` names or globs)."""
-        import fnmatch
-
-        return any(fnmatch.fnmatchcase(domain, p) for p in self.cfg.domains)
 
     def score(self, items: list[tuple[Task, str]]) -> list[float | str]:
         """Per item its reward in [0, 1] or its failure kind; counts both."""

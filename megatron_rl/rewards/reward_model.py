@@ -169,18 +169,13 @@ class RewardModel(Deadlined):
         self, cfg: RewardModelConfig, make: Callable[[], Any] | None = None, tokenizer: Any = None
     ) -> None:
         default = (lambda: ServerScorer(cfg)) if cfg.server else (lambda: LocalScorer(cfg))
-        super().__init__(make or default, cfg.timeout_s)
+        super().__init__(make or default, cfg.timeout_s, cfg.domains)
         self.cfg = cfg
         if tokenizer is None and cfg.model:  # the reward model's own chat template
             from megatron_rl.model.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.model)
         self.tokenizer = tokenizer
-
-    def applies(self, domain: str) -> bool:
-        import fnmatch
-
-        return any(fnmatch.fnmatchcase(domain, p) for p in self.cfg.domains)
 
     def text(self, task: Task, response: str) -> str:
         msgs = [

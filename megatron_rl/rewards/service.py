@@ -25,11 +25,20 @@ class Deadlined:
     kinds: tuple[str, ...] = ("timeout", "dead")  # failure kinds; subclasses add their own
     prefix = "service"  # metrics: <prefix>/failures/<kind>, <prefix>/scored
 
-    def __init__(self, make: Callable[[], Any], timeout_s: float) -> None:
+    def __init__(
+        self, make: Callable[[], Any], timeout_s: float, domains: list[str] | None = None
+    ) -> None:
         self._make, self.timeout_s = make, timeout_s
+        self.domains = list(domains or [])  # names or globs of the domains it scores
         self._backend: Any = None
         self.failures = dict.fromkeys(self.kinds, 0)  # over the run
         self.scored = 0
+
+    def applies(self, domain: str) -> bool:
+        """Whether it scores this domain's samples (``domains`` names or globs)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(domain, p) for p in self.domains)
 
     def run(self, n: int, call: Callable[[Any], list[Any]]) -> list[Any] | str:
         """``call(backend)`` for a batch of ``n`` samples: its results, or the failure kind

@@ -151,7 +151,7 @@ class Controller:
         metrics["rollout/groups_dropped"] = dropped
         self._quarantine(step)
         metrics.update(self.guard.health.metrics())
-        metrics.update(monitor_step(self.rt, self.monitor, step, groups))
+        metrics.update(monitor_step(self.rt, self.monitor, step, groups, self._model_scored))
         results = [g.result(cfg.rl.advantage) for g in groups]
         self.events = self.sched.observe(step, results)
         if cfg.scheduler.dynamic_sampling:  # the first groups with signal, up to the target
@@ -197,6 +197,10 @@ class Controller:
         self.groups = groups
         constant = drgrpo_constant(cfg.rl, cfg.rollout.max_new_tokens)
         return shares, global_normalizer(shares, cfg.rl.loss_agg, constant), metrics
+
+    def _model_scored(self, domain: str) -> bool:
+        """Whether a judge or a reward model scores ``domain``'s samples."""
+        return any(sc.applies(domain) for sc in self.scorers)
 
     def _quarantine(self, step: int) -> None:
         """Newly quarantined domains: the mix plans them no more; one event each."""

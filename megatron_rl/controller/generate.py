@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from megatron_rl.controller.episodes import run_episodes
@@ -106,17 +107,18 @@ def score(
     domains: dict[str, Domain],
     truncated_reward: float | None,
     guard: DomainGuard | None = None,
-    floor: bool = True,
+    floor: bool | float = True,
     prices: Multipliers | None = None,
     scorers: list[Scorer] | None = None,
 ) -> float:
     """Verify every sample and set its reward; returns seconds spent. Never raises: a group
     with a failed verification is marked failed (dropped), its domain's failure counted.
     Without ``guard`` the verifiers run inline here (tests, tools). ``floor``: a hard violation
-    gets the domain's floor; ``prices``: the constraints' multipliers, each violation's price
-    taken off the reward; ``scorers``: the model-based rewards (the judge, the reward model),
-    each adding its weighted score on the domains it scores (a sample one cannot score drops
-    its group, counted under ``<judge|reward_model>/failures/*``)."""
+    gets the domain's floor (True), this value in every domain (a number) or no floor (False);
+    ``prices``: the constraints' multipliers, each violation's price taken off the reward;
+    ``scorers``: the model-based rewards (the judge, the reward model), each adding its weighted
+    score on the domains it scores (a sample one cannot score drops its group, counted under
+    ``<judge|reward_model>/failures/*``)."""
     t0 = time.time()
     live = [g for g in groups if not g.failed]
     pairs = [(g.task, s.text) for g in live for s in g.samples]
@@ -126,13 +128,16 @@ def score(
         verdicts = iter([safe_verify(domains[t.domain], t, text) for t, text in pairs])
     for g in live:
         d = domains[g.spec.domain]
+        weights = d.reward_weights
+        if not isinstance(floor, bool):
+            weights = replace(weights, hard_floor=float(floor))
         for s in g.samples:
             verdict = next(verdicts)
             if verdict is None:
                 s.reward, s.verifier_error = 0.0, True
                 g.failed = "verify"
             else:
-                s.reward, _ = compose_reward(verdict, s.text, d.reward_weights, floor)
+                s.reward, _ = compose_reward(verdict, s.text, weights, floor is not False)
                 s.verifier_reward = s.reward
                 s.score, s.parsable = verdict.score, verdict.parsable
                 s.violations = verdict.violations
@@ -259,7 +264,9 @@ class RolloutProducer:
         )
         t1 = time.time()
         r = cfg.rewards
-        floor = r.violation_floor
+        floor: bool | float = r.violation_floor
+        if floor and r.violation_floor_value is not None:
+            floor = r.violation_floor_value
         score(
             groups, self.domains, r.truncated_reward, self.guard, floor, self.prices, self.scorers
         )

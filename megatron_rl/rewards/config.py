@@ -29,10 +29,15 @@ class RewardsConfig:
     monitor_cluster_min_tasks: int = 3  # distinct tasks sharing one answer before it is flagged
     monitor_cluster_frac: float = 0.3  # ... and the fraction of the batch's tasks they make up
     monitor_min_answer_chars: int = 20  # shorter answers (e.g. "42") are never clustered
+    monitor_divergence_threshold: float = 0.05  # a model reward rising by this while the
+    # verifier's reward of the same samples falls by as much is flagged ...
+    monitor_divergence_window: int = 5  # ... comparing this many steps with as many before
     # constraints (megatron_rl/rewards/constraints.py): a hard_violation gets the domain's
     # hard_floor (violation_floor), and/or each named constraint a Lagrange multiplier that
     # rises while its violation rate is over its budget and falls while under
     violation_floor: bool = True  # a hard_violation's reward is the domain's hard_floor
+    violation_floor_value: float | None = None  # that reward in every domain instead (e.g. 0:
+    # a violation zeroes the reward); None: each domain's own hard_floor
     constraints: dict[str, float] = field(default_factory=dict)  # name -> budget (share of its
     # samples allowed to violate it), e.g. {hard_violation: 0.05}
     constraint_lr: float = 1.0  # multiplier change per step per unit of (rate - budget)
@@ -44,6 +49,14 @@ class RewardsConfig:
     # reward model's term (megatron_rl/rewards/reward_model.py); off while model and server are ""
 
     def validate(self) -> None:
+        import math
+
         from megatron_rl.rewards.constraints import Multipliers
+
+        v = self.violation_floor_value
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+            raise ValueError(
+                f"rewards.violation_floor_value must be a finite number or null, got {v!r}"
+            )
 
         Multipliers(self.constraints, self.constraint_lr, self.constraint_init, self.constraint_max)

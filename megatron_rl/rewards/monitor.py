@@ -14,9 +14,16 @@ logged sample for a person to inspect (``RewardHackingMonitor.samples``, and a W
   distinct tasks making up at least ``cluster_frac`` of the batch's tasks, it is flagged.
   Identical answers within one task's group are normal and ignored, as are answers shorter than
   ``min_answer_chars`` (many tasks legitimately share "0" or "yes").
+* **Model reward rising while the verifier's falls.** Where a learned reward model or a judge
+  scores a domain, the controller also passes each sample's verifier reward (``verified``). Over
+  the last ``divergence_window`` steps against the as many before, a rise of the mean reward by
+  at least ``divergence_threshold`` while the mean verifier reward falls by at least as much is
+  flagged: the policy is pleasing the scorer
+  and getting the task wrong. It needs no eval, so it can fire between sweeps.
 
 Metric keys: ``monitor/<domain>/reward_mean``, ``reward_jump``, ``eval_delta``,
-``reward_jump_warning`` (0/1), ``answer_cluster_frac``, ``answer_cluster_warning`` (0/1).
+``reward_jump_warning`` (0/1), ``answer_cluster_frac``, ``answer_cluster_warning`` (0/1); with
+``verified``: ``verified_mean``, ``verified_change``, ``divergence_warning`` (0/1).
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ MAX_SAMPLES = 200  # logged samples kept in memory (oldest dropped)
 @dataclass
 class _DomainState:
     rewards: deque = field(default_factory=deque)  # (step, batch mean reward), oldest first
+    scored: deque = field(default_factory=deque)  # (step, reward mean, verifier reward mean)
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, accuracy)
     jump_on: bool = False  # the reward-jump warning was on at the last step
     cluster_on: bool = False  # the answer-cluster warning was on at the last step
+    divergence_on: bool = False  # the divergence warning was on at the last step
 
 
 class RewardHackingMonitor:
@@ -56,9 +65,17 @@ class RewardHackingMonitor:
         cluster_min_tasks: int = 3,
         cluster_frac: float = 0.3,
         min_answer_chars: int = 20,
+        divergence_threshold: float = 0.05,
+        divergence_window: int = 5,
     ) -> None:
         if window < 1 or cluster_min_tasks < 2 or not 0 < cluster_frac <= 1:
             raise ValueError("window must be >= 1, cluster_min_tasks >= 2, 0 < cluster_frac <= 1")
+        if not divergence_threshold > 0 or divergence_window < 1:
+            raise ValueError(
+                f"divergence_threshold must be > 0 and divergence_window >= 1, got "
+                f"{divergence_threshold}, {divergence_window}"
+            )
+        self.divergence_threshold, self.divergence_window = divergence_threshold, divergence_window
         self.window, self.jump_threshold, self.eval_ratio = window, jump_threshold, eval_ratio
         self.cluster_min_tasks, self.cluster_frac = cluster_min_tasks, cluster_frac
         self.min_answer_chars = min_answer_chars
@@ -75,6 +92,8 @@ class RewardHackingMonitor:
             cluster_min_tasks=cfg.monitor_cluster_min_tasks,
             cluster_frac=cfg.monitor_cluster_frac,
             min_answer_chars=cfg.monitor_min_answer_chars,
+            divergence_threshold=cfg.monitor_divergence_threshold,
+            divergence_window=cfg.monitor_divergence_window,
         )
 
     def observe_eval(self, step: int, domain: str, acc: float) -> None:
@@ -88,14 +107,18 @@ class RewardHackingMonitor:
         rewards: Sequence[float],
         answers: Sequence[str],
         task_ids: Sequence[object],
+        verified: Sequence[float] | None = None,
     ) -> dict[str, float]:
-        """Record one step's scored samples of ``domain`` (three sequences of equal length
-        [num_samples]) and return this step's ``monitor/<domain>/...`` metrics."""
+        """Record one step's scored samples of ``domain`` (sequences of equal length
+        [num_samples]; ``verified``: the verifier's reward of each sample where a model reward
+        scores the domain) and return this step's ``monitor/<domain>/...`` metrics."""
         if not len(rewards) == len(answers) == len(task_ids):
             raise ValueError(
                 f"rewards, answers and task_ids must have equal lengths, got "
                 f"{len(rewards)}, {len(answers)}, {len(task_ids)}"
             )
+        if verified is not None and len(verified) != len(rewards):
+            raise ValueError(f"verified has {len(verified)} values for {len(rewards)} rewards")
         state = self._domains[domain]
         rewards = [float(r) for r in rewards]
         if rewards:
@@ -103,6 +126,10 @@ class RewardHackingMonitor:
             while len(state.rewards) > 2 * self.window:
                 state.rewards.popleft()
         jump, eval_delta = self._jump(state)
+        prefix = f"monitor/{domain}"
+        out: dict[str, float] = {}
+        if verified is not None:
+            out = self._divergence(state, step, domain, rewards, list(verified), answers, task_ids)
         jump_on = jump >= self.jump_threshold and not eval_delta >= self.eval_ratio * jump
         frac, cluster = self._cluster(answers, task_ids)
         cluster_on = cluster is not None
@@ -113,14 +140,48 @@ class RewardHackingMonitor:
             detail = f"one answer given for {frac:.0%} of the batch's distinct tasks"
             self._log(step, domain, "answer_cluster", detail, rewards, answers, task_ids, cluster)
         state.jump_on, state.cluster_on = jump_on, cluster_on
-        prefix = f"monitor/{domain}"
-        return {
+        return out | {
             f"{prefix}/reward_mean": fmean(rewards) if rewards else math.nan,
             f"{prefix}/reward_jump": jump,
             f"{prefix}/eval_delta": eval_delta,
             f"{prefix}/reward_jump_warning": float(jump_on),
             f"{prefix}/answer_cluster_frac": frac,
             f"{prefix}/answer_cluster_warning": float(cluster_on),
+        }
+
+    def _divergence(
+        self,
+        state: _DomainState,
+        step: int,
+        domain: str,
+        rewards: list[float],
+        verified: list[float],
+        answers: Sequence[str],
+        task_ids: Sequence[object],
+    ) -> dict[str, float]:
+        """The reward's and the verifier's change over the same two windows; flagged when the
+        reward rose by the threshold while the verifier's reward fell by as much."""
+        if verified:
+            state.scored.append((step, fmean(rewards), fmean(float(v) for v in verified)))
+            while len(state.scored) > 2 * self.divergence_window:
+                state.scored.popleft()
+        rise = change = 0.0
+        if len(state.scored) == 2 * (w := self.divergence_window):
+            _, r, v = zip(*state.scored, strict=True)
+            rise = fmean(r[w:]) - fmean(r[:w])
+            change = fmean(v[w:]) - fmean(v[:w])
+        t = self.divergence_threshold
+        on = rise >= t and change <= -t
+        if on and not state.divergence_on:
+            w = self.divergence_window
+            detail = f"reward {rise:+.3f} while the verifier's {change:+.3f} over {w} steps"
+            self._log(step, domain, "reward_divergence", detail, rewards, answers, task_ids, None)
+        state.divergence_on = on
+        prefix = f"monitor/{domain}"
+        return {
+            f"{prefix}/verified_mean": state.scored[-1][2] if state.scored else math.nan,
+            f"{prefix}/verified_change": change,
+            f"{prefix}/divergence_warning": float(on),
         }
 
     def _jump(self, state: _DomainState) -> tuple[float, float]:

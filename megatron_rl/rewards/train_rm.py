@@ -2,8 +2,12 @@
 
 The data are the project's own: words of the demo's spelling domains (``tinywide/spell_backward``
 and ``spell_backward_long``, **training split only**, by prompt hash), each paired with its
-reversal (label 1) or a near miss (label 0): two neighbouring letters swapped, a letter dropped,
-a letter added, the word itself forward, or another word's reversal. The model is the tiny base
+reversal (label 1) or a miss (label 0): a near miss (two neighbouring letters swapped, a letter
+dropped, a letter added, the word itself forward, or another word's reversal) or, one time in
+four, a degenerate answer of about the reversal's length (a run of one to three letters, or
+random letters): what a policy drifts to at T = 1. A model trained on near misses alone rated
+such strings above right answers, and a policy trained against it found them within ten steps
+(docs/LOG.md, issue 38). The model is the tiny base
 (``models/tiny-base``: same tokenizer and chat template as the policy) with a one-label score
 head (``Qwen2ForSequenceClassification``), trained with a logistic loss on the score; it is
 saved in HF layout, so ``rewards.reward_model.model`` loads it as it is.
@@ -31,9 +35,22 @@ DOMAINS = ("tinywide/spell_backward", "tinywide/spell_backward_long")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
+def degenerate(word: str, rng: random.Random) -> str:
+    """A string of about ``word``'s length made of one to three letters (either case) or of
+    random letters: never the reversal."""
+    n = max(1, len(word) + rng.randint(-2, 2))
+    pool = LETTERS + LETTERS.upper()
+    alphabet = rng.sample(pool, rng.randint(1, 3)) if rng.random() < 0.5 else list(LETTERS)
+    out = "".join(rng.choice(alphabet) for _ in range(n))
+    return out if out.lower() != word[::-1].lower() else out + rng.choice(LETTERS)
+
+
 def near_miss(word: str, other: str, rng: random.Random) -> str:
-    """A wrong answer close to the reversal of ``word`` (``other``: another word)."""
+    """A wrong answer close to the reversal of ``word`` (``other``: another word), or one time in
+    four a degenerate one."""
     rev = word[::-1]
+    if rng.random() < 0.25:
+        return degenerate(word, rng)
     kind = rng.randrange(5)
     if kind == 0 and len(rev) > 1:
         i = rng.randrange(len(rev) - 1)

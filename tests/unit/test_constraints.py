@@ -82,3 +82,41 @@ def test_the_constructed_constraint_tempts_the_violation_on_words_with_an_e() ->
         wrong = d.verify(t, "zzz")
         assert wrong.score == 0.0 and not wrong.violations
     assert min(seen.values()) >= 5  # both kinds of word are common
+
+
+def test_the_pair_splits_the_words_and_both_declare_the_constraint() -> None:
+    ds = load_domains(["tinycon/spell_e_words", "tinycon/spell_clean_words"])
+    tempted, clean = ds["tinycon/spell_e_words"], ds["tinycon/spell_clean_words"]
+    for i in range(30):
+        t = tempted.task("train", i, 0, 2)
+        assert "e" in t.gold.lower() and tempted.verify(t, t.gold).hard_violation
+        c = clean.task("train", i, 0, 2)
+        assert "e" not in c.gold.lower() and not clean.verify(c, c.gold).violations
+    assert tempted.constraints == clean.constraints == ("hard_violation",)
+    with pytest.raises(ValueError, match="words must be"):
+        type(tempted)("tinycon/x", "some")
+
+
+def test_a_floor_value_replaces_every_domains_floor() -> None:
+    """rewards.violation_floor_value: a violation's reward is that value (0: it zeroes the
+    reward) instead of the domain's hard_floor; off with violation_floor: false."""
+    from types import SimpleNamespace
+
+    from megatron_rl.controller.generate import score
+
+    d = load_domains(["tinycon/spell_e_words"])["tinycon/spell_e_words"]
+    task = d.task("train", 0, 0, 1)
+
+    def rewards(floor: bool | float) -> list[float]:
+        samples = [SimpleNamespace(text=x, finish_reason="stop") for x in (task.gold, "zzz")]
+        group = SimpleNamespace(task=task, spec=SimpleNamespace(domain=d.name), samples=samples)
+        group.failed = None
+        score([group], {d.name: d}, None, None, floor)  # type: ignore[list-item]
+        return [s.reward for s in samples]
+
+    assert rewards(True) == [d.reward_weights.hard_floor, 0.0] == [-1.0, 0.0]
+    assert rewards(0.0) == [0.0, 0.0]
+    assert rewards(-0.5) == [-0.5, 0.0]
+    assert rewards(False) == [1.0, 0.0]  # the right answer's terms: the multiplier prices it
+    with pytest.raises(ValueError, match="violation_floor_value must be a finite number"):
+        load_config(None, ["rewards.violation_floor_value=.nan"])

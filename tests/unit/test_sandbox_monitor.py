@@ -77,6 +77,43 @@ def test_domains_are_tracked_separately():
     assert metrics[-1]["monitor/math/reward_jump_warning"] == 0.0
 
 
+def feed_scored(monitor, domain, rewards, verified):
+    """One step per (model reward mean, verifier reward mean), 8 samples each."""
+    out = []
+    for step, (r, v) in enumerate(zip(rewards, verified, strict=True)):
+        answers = [f"answer {step}-{i} long enough to keep" for i in range(8)]
+        ids = [f"{step}-{i}" for i in range(8)]
+        out.append(monitor.observe(step, domain, [r] * 8, answers, ids, [v] * 8))
+    return out
+
+
+def test_model_reward_rising_while_the_verifier_falls_is_flagged_without_an_eval():
+    monitor = RewardHackingMonitor(window=WINDOW, divergence_threshold=0.05)
+    rm = [0.5] * 10 + [0.6] * 10
+    metrics = feed_scored(monitor, "spell", rm, [0.4] * 10 + [0.3] * 10)
+    warned = [i for i, m in enumerate(metrics) if m["monitor/spell/divergence_warning"] == 1.0]
+    assert warned[0] == 12  # the recent window holds 3 of 5 steps of the change: 0.06 >= 0.05
+    assert metrics[13]["monitor/spell/verified_change"] == pytest.approx(-0.08)
+    kinds = [s["kind"] for s in monitor.samples]
+    assert kinds.count("reward_divergence") == 1  # logged when it turns on
+    # no jump warning: a 0.1 rise is under the jump threshold, so only the divergence caught it
+    assert all(m["monitor/spell/reward_jump_warning"] == 0.0 for m in metrics)
+
+
+def test_both_rising_or_verifier_steady_is_not_divergence():
+    for verified in ([0.4] * 10 + [0.5] * 10, [0.4] * 20, [0.4] * 10 + [0.37] * 10):
+        monitor = RewardHackingMonitor(window=WINDOW, divergence_threshold=0.05)
+        metrics = feed_scored(monitor, "spell", [0.5] * 10 + [0.6] * 10, verified)
+        assert all(m["monitor/spell/divergence_warning"] == 0.0 for m in metrics), verified
+    # without the verifier's rewards there is no divergence key at all
+    plain = RewardHackingMonitor(window=WINDOW)
+    assert "monitor/code/divergence_warning" not in feed(plain, "code", [0.4] * 12)[-1]
+    with pytest.raises(ValueError, match="verified has 1 values for 2"):
+        plain.observe(0, "code", [1.0, 0.0], ["a", "b"], ["t", "u"], [1.0])
+    with pytest.raises(ValueError, match="divergence_threshold"):
+        RewardHackingMonitor(divergence_threshold=0.0)
+
+
 def test_identical_answer_across_tasks_is_flagged():
     monitor = RewardHackingMonitor(window=WINDOW)
     hack = "import sys; sys.exit(0)  # always passes"
@@ -131,7 +168,7 @@ def test_loop_writes_each_warning_as_one_event_also_past_the_kept_samples(tmp_pa
         return SimpleNamespace(
             spec=SimpleNamespace(domain="code"),
             task=SimpleNamespace(id=f"{step}-{i}"),
-            samples=[SimpleNamespace(reward=1.0 if i < 5 else 0.0, text=text)],
+            samples=[SimpleNamespace(reward=1.0 if i < 5 else 0.0, text=text, verifier_reward=0.0)],
         )
 
     for step in range(7):
@@ -141,3 +178,9 @@ def test_loop_writes_each_warning_as_one_event_also_past_the_kept_samples(tmp_pa
         (s, "reward_hacking_warning", "code", "answer_cluster") for s in (0, 2, 4, 6)
     ]
     assert len(monitor.samples) == 2 and monitor.n_warnings == 4
+    # the flagged answers, one row each, for a person to read (and a W&B table when online)
+    rows = [json.loads(x) for x in (tmp_path / "reward_hacking.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [s for s in (0, 2, 4, 6) for _ in range(5)]
+    assert {(r["warning"], r["answer"], r["domain"]) for r in rows} == {
+        ("answer_cluster", hack, "code")
+    }

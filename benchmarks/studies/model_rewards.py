@@ -1,0 +1,197 @@
+"""The model-reward study (issue 38): a learned reward against the rule, hacking caught, and
+safety as a constraint, over paired seeds.
+
+Part ``rm`` trains ``configs/reward_model_cpu.yaml`` (the demo's base on its two spelling
+domains) three ways from the same base on the same seeds: rewarded by the rule verifier
+(``rule``), by the learned ``models/tiny-rm`` (``reward model``) and by the exploitable
+``models/tiny-rm-hackable`` (``hackable reward model``, which overrates long and repeated
+answers). Held-out accuracy is always the verifier's. Part ``constraint`` trains
+``configs/constraint_cpu.yaml`` (the constructed pair ``tinycon/spell_e_words`` /
+``tinycon/spell_clean_words``: an answer with an "e" is a hard violation) with the violation
+priced by a Lagrange multiplier (``lagrangian``, budget ``BUDGET``), with the domains' floor
+alone (``floor -1``) and with a floor of 0 (``floor 0``, a violation zeroes the reward); the
+floor arms log the violation rate through a multiplier capped at 0.
+
+Every run sweeps held-out accuracy every ``EVAL_EVERY`` steps. Each finished run's extract is
+stored in ``model_rewards.json.gz`` as soon as it finishes (a part can stop and resume; a stored
+run is reused only under the same settings and arm config); ``model_rewards_stats.py``
+recomputes every statistic. Seed 0 was the development seed (the pilots that set the step count
+and the budget); the report seeds are ``SEEDS``.
+
+    .venv/bin/python -m benchmarks.studies.model_rewards --part rm
+    .venv/bin/python -m benchmarks.studies.model_rewards --part constraint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import OUT, ROOT, rel
+from benchmarks.studies.many_stats import read
+from benchmarks.studies.model_rewards_stats import CONSTRAINT, compute
+from benchmarks.studies.scheduler_runs import write
+
+DOC = Path(__file__).with_name("model_rewards.json.gz")
+SEEDS = (1, 2, 3, 4)  # report seeds, fixed before any report run (0: the pilots)
+EVAL_EVERY = 10
+BUDGET = 0.05
+PARTS: dict[str, dict[str, Any]] = {
+    "rm": {
+        "config": "configs/reward_model_cpu.yaml",
+        "steps": 100,
+        "arms": {
+            "rule": ['rewards.reward_model.model=""'],
+            "reward model": [],
+            "hackable reward model": ["rewards.reward_model.model=models/tiny-rm-hackable"],
+        },
+    },
+    "constraint": {
+        "config": "configs/constraint_cpu.yaml",
+        "steps": 150,
+        "arms": {
+            "lagrangian": ["rewards.violation_floor=false"],
+            "floor -1": ["rewards.violation_floor=true", "rewards.constraint_max=0"],
+            "floor 0": [
+                "rewards.violation_floor=true",
+                "rewards.violation_floor_value=0",
+                "rewards.constraint_max=0",
+            ],
+        },
+    },
+}
+# per-step keys kept in a run's trace (a missing key is NaN at that step)
+TRACE_KEYS = ("rollout/reward_mean", "rollout/groups_trained")
+TRACE_SUFFIXES = ("/reward_mean", "/verified_mean", "/accuracy", "/rate", "/multiplier")
+
+
+def settings(part: str, quick: bool) -> dict[str, Any]:
+    p = PARTS[part]
+    steps = 4 if quick else p["steps"]
+    out = {"config": p["config"], "steps": steps, "eval_every": 2 if quick else EVAL_EVERY}
+    return out | ({"budget": BUDGET} if part == "constraint" else {}) | {"quick": quick}
+
+
+def run_one(part: str, arm: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
+    s = settings(part, a.quick)
+    out = Path(a.run_dir) / name
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run (the CLI would resume an old one)
+    out.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "launch.cli", "train", s["config"], f"output_dir={a.run_dir}"]
+    cmd += [f"run_name={name}", f"seed={seed}", f"train.steps={s['steps']}"]
+    cmd += [f"eval.every={s['eval_every']}", "checkpoint.every=0", f"tracking.wandb={a.wandb}"]
+    cmd += ["tracking.progress=false"]
+    if part == "constraint":
+        cmd.append(f'rewards.constraints={{"{CONSTRAINT}": {BUDGET}}}')
+    if a.quick:
+        cmd += ["eval.samples_per_domain=8", "rl.prompts_per_step=4"]
+    cmd += arm
+    with (out / "bench_stdout.txt").open("w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = (out / "bench_stdout.txt").read_text()[-2000:]
+        raise RuntimeError(f"{name} failed (rc {rc}):\n{tail}")
+    return out
+
+
+def traced(key: str) -> bool:
+    """Whether a per-step metric goes into a run's stored trace."""
+    if key in TRACE_KEYS:
+        return True
+    if key.startswith(("monitor/", "constraint/")):
+        return key.endswith(TRACE_SUFFIXES)
+    return key.startswith("rollout/") and key.endswith("/accuracy")
+
+
+def extract(run: Path) -> dict[str, Any]:
+    """Sweeps, the per-step trace and the reward-hacking warnings of one run."""
+    from megatron_rl.scheduler.curves import read_jsonl
+
+    rows = read_jsonl(run / "metrics.jsonl")
+    steps = [r for r in rows if "rollout/groups_generated" in r]
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        if "eval/mean_accuracy" in r:
+            by_step.setdefault(int(r["step"]), {}).update(r)
+    sweeps = []
+    for i, (at, r) in enumerate(sorted(by_step.items())):
+        done = 0 if i == 0 else min(at + 1, len(steps))  # as many_domains.extract
+        names = [k[5:-9] for k in r if k.startswith("eval/") and k.endswith("/accuracy")]
+        names = sorted(n for n in names if n != "mean" and "/level" not in n)
+        acc = {n: round(r[f"eval/{n}/accuracy"], 6) for n in names}
+        se = {n: round(r.get(f"eval/{n}/stderr", 0.0), 6) for n in names}
+        sweeps.append({"step": done, "acc": acc, "se": se})
+    keys = sorted({k for r in steps for k in r if traced(k)})
+    trace = {k: [round(float(r.get(k, float("nan"))), 6) for r in steps] for k in keys}
+    warnings = [
+        {"step": e["step"], "warning": e.get("warning"), "domain": e.get("domain")}
+        for e in read_jsonl(run / "events.jsonl")
+        if e.get("event") == "reward_hacking_warning"
+    ]
+    wall = json.loads((run / "summary.json").read_text()).get("wall_s", 0.0)
+    return {"sweeps": sweeps, "trace": trace, "warnings": warnings, "wall_s": round(wall, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=sorted(PARTS), required=True)
+    ap.add_argument("--quick", action="store_true", help="small and fast, into a scratch file")
+    ap.add_argument("--seeds", type=int, nargs="*", help=f"default: {list(SEEDS)}")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
+    ap.add_argument("--json", default=None, help=f"default: {rel(str(DOC))} (quick: scratch)")
+    ap.add_argument("--run-dir", default=str(OUT / "model_rewards"))
+    ap.add_argument("--wandb", default="disabled")
+    a = ap.parse_args(argv)
+    path = Path(a.json or (OUT / "model_rewards_quick.json.gz" if a.quick else DOC))
+    doc = read(path) if path.is_file() else {"sections": {}}
+    arms: dict[str, list[str]] = PARTS[a.part]["arms"]
+    seeds = tuple(a.seeds) if a.seeds else ((1,) if a.quick else SEEDS)
+    sec = doc["sections"].setdefault(a.part, {"settings": settings(a.part, a.quick), "runs": {}})
+    sec.setdefault("arms", {})
+    if sec["settings"] != settings(a.part, a.quick):
+        now = settings(a.part, a.quick)
+        raise SystemExit(f"part {a.part!r} was run with {sec['settings']}; not {now}")
+    for arm, cfg in arms.items():  # a changed arm config reruns that arm
+        if sec["arms"].get(arm, cfg) != cfg:
+            sec["runs"].pop(arm, None)
+        sec["arms"][arm] = cfg
+    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in sec["runs"].get(arm, {})]
+    print(f"part {a.part}: {len(jobs)} runs to do ({len(arms)} arms x seeds {list(seeds)})")
+    lock, failed, t0 = threading.Lock(), [], time.time()
+
+    def attempt(job: tuple[str, int]) -> None:
+        arm, s = job
+        slug = re.sub(r"[^0-9a-zA-Z]+", "_", arm).strip("_")
+        try:
+            ex = extract(run_one(a.part, arms[arm], f"{a.part}-{slug}-s{s}", s, a))
+        except RuntimeError as e:
+            print(e, file=sys.stderr, flush=True)
+            failed.append(f"{arm} seed {s}")
+            return
+        with lock:
+            sec["runs"].setdefault(arm, {})[str(s)] = ex
+            doc["stats"] = json.loads(json.dumps(compute(doc)))
+            write(path, doc)
+            print(f"{arm} seed {s}: done, {time.time() - t0:.0f} s into the part", flush=True)
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        list(pool.map(attempt, jobs))
+    doc["stats"] = json.loads(json.dumps(compute(doc)))
+    write(path, doc)
+    print(json.dumps(doc["stats"].get(a.part, {}), indent=1)[:4000])
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

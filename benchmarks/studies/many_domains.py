@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT, ROOT, rel
+from benchmarks.harness import OUT, rel
+from benchmarks.studies import stored_runs
 from benchmarks.studies.many_screen import CONFIG, SCREEN, load_screen
 from benchmarks.studies.many_stats import BASELINE, compute, read
-from benchmarks.studies.scheduler_runs import even, write
+from benchmarks.studies.scheduler_runs import even
 
 DOC = Path(__file__).with_name("many_domains.json.gz")
 DEV_SEEDS = (1, 2)  # development: the oracle and the adaptive options are chosen here
@@ -146,7 +141,7 @@ def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, An
     from megatron_rl.rollout.build import build_engine
 
     torch.set_num_threads(1)
-    cfg = load_config(CONFIG, overrides([], "prescreen", seed, a))
+    cfg = load_config(CONFIG, overrides([], seed, a))
     domains = load_domains(cfg.domains.include, cfg.domains.exclude)
     engine = build_engine(cfg.rollout, cfg.model.hf_path, seed)
     tok = load_tokenizer(cfg.model.hf_path)
@@ -192,10 +187,8 @@ def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[A
     raise SystemExit(f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive or arms")
 
 
-def overrides(arm: list[str], name: str, seed: int, a: argparse.Namespace) -> list[str]:
+def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
     out = [
-        f"output_dir={a.run_dir}",
-        f"run_name={name}",
         f"seed={seed}",
         f"train.steps={a.steps}",
         f"eval.every={a.eval_every}",
@@ -209,16 +202,7 @@ def overrides(arm: list[str], name: str, seed: int, a: argparse.Namespace) -> li
 
 
 def run_one(arm: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
-    out = Path(a.run_dir) / name
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run (the CLI would resume an old one)
-    out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG), *overrides(arm, name, seed, a)]
-    with (out / "bench_stdout.txt").open("w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        tail = (out / "bench_stdout.txt").read_text()[-2000:]
-        raise RuntimeError(f"{name} failed (rc {rc}):\n{tail}")
-    return out
+    return stored_runs.train(str(CONFIG), overrides(arm, seed, a), a.run_dir, name)
 
 
 def extract(run: Path) -> dict[str, Any]:
@@ -227,20 +211,7 @@ def extract(run: Path) -> dict[str, Any]:
 
     rows = read_jsonl(run / "metrics.jsonl")
     steps = [r for r in rows if "rollout/groups_generated" in r]
-    by_step: dict[int, dict[str, Any]] = {}  # a sweep's row is logged twice (sweep, step end)
-    for r in rows:
-        if "eval/mean_accuracy" in r:
-            by_step.setdefault(int(r["step"]), {}).update(r)
-    sweeps = []
-    for i, (at, r) in enumerate(sorted(by_step.items())):
-        # the sweep before training is at 0; a periodic one follows step `at` (0-based), so
-        # at + 1 steps are done; the final one is logged at the step count itself
-        done = 0 if i == 0 else min(at + 1, len(steps))
-        names = [k[5:-9] for k in r if k.startswith("eval/") and k.endswith("/accuracy")]
-        names = [n for n in names if n != "mean" and "/level" not in n]
-        acc = {n: round(r[f"eval/{n}/accuracy"], 6) for n in sorted(names)}
-        se = {n: round(r.get(f"eval/{n}/stderr", 0.0), 6) for n in sorted(names)}
-        sweeps.append({"step": done, "acc": acc, "se": se})
+    sweeps = stored_runs.sweeps(rows)
     events = [
         e for e in read_jsonl(run / "events.jsonl") if e.get("event") in ("regression", "recovery")
     ]
@@ -314,42 +285,24 @@ def main(argv: list[str] | None = None) -> int:
         seeds = (1,)
     seeds = tuple(s for s in seeds if not a.seeds or s in a.seeds)
     name = "dev" if a.part.startswith("dev") else a.part
-    sec = doc["sections"].setdefault(name, {"settings": settings(a), "runs": {}, "arms": {}})
-    if sec["settings"] != settings(a):
-        raise SystemExit(f"section {name!r} was run with {sec['settings']}; not {settings(a)}")
-    for arm, cfg in arms.items():  # a changed arm config reruns that arm
-        if sec["arms"].get(arm, cfg) != cfg:
-            sec["runs"].pop(arm, None)
-        sec["arms"][arm] = cfg
-    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in sec["runs"].get(arm, {})]
+    sec = stored_runs.section(doc, name, settings(a), arms)
+    jobs = stored_runs.todo(sec, arms, seeds)
     print(f"part {a.part}: {len(jobs)} runs to do ({len(arms)} arms x seeds {list(seeds)})")
-    lock, failed, t0 = threading.Lock(), [], time.time()
 
-    def attempt(job: tuple[str, int]) -> None:
+    def attempt(job: stored_runs.Job) -> dict[str, Any]:
         arm, s = job
-        slug = re.sub(r"[^0-9a-zA-Z]+", "_", arm).strip("_")
-        try:
-            cfg, screened = prescreen(s, a) if arm == PRESCREEN else (arms[arm], None)
-            ex = extract(run_one(cfg, f"{slug}-s{s}", s, a))
-            if screened:
-                ex["prescreen"] = screened
-            check_budget(f"{arm} seed {s}", ex, cfg, a.steps)
-        except RuntimeError as e:
-            print(e, file=sys.stderr, flush=True)
-            failed.append(f"{arm} seed {s}")
-            return
-        with lock:
-            sec["runs"].setdefault(arm, {})[str(s)] = ex
-            doc["stats"] = json.loads(json.dumps(compute(doc, screen)))
-            write(path, doc)
-            print(f"{arm} seed {s}: done, {time.time() - t0:.0f} s into the part", flush=True)
+        cfg, screened = prescreen(s, a) if arm == PRESCREEN else (arms[arm], None)
+        ex = extract(run_one(cfg, f"{stored_runs.slug(arm)}-s{s}", s, a))
+        if screened:
+            ex["prescreen"] = screened
+        check_budget(f"{arm} seed {s}", ex, cfg, a.steps)
+        return ex
 
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(attempt, jobs))
+    failed = stored_runs.run_jobs(
+        jobs, attempt, sec, doc, path, lambda d: compute(d, screen), a.jobs
+    )
     if failed:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
-    doc["stats"] = json.loads(json.dumps(compute(doc, screen)))
-    write(path, doc)
     from benchmarks.studies.many_report import curves_png, report
 
     print(report(doc, screen, name))

@@ -171,6 +171,7 @@ def read(path: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.studies.many_screen import SCREEN, load_screen
+    from benchmarks.studies.stored_runs import recheck
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=str(Path(__file__).with_name("many_domains.json.gz")))
@@ -179,18 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     doc, screen = read(Path(a.json)), load_screen(Path(a.screen))
     now = json.loads(json.dumps(compute(doc, screen)))
-    if a.write:  # after a change to this file: the runs stay, their statistics are redone
-        from benchmarks.studies.scheduler_runs import write
-
-        doc["stats"] = now
-        write(Path(a.json), doc)
-    bad = differences(now, doc.get("stats", {}))
-    n = sum(len(r) for s in doc.get("sections", {}).values() for r in s.get("runs", {}).values())
-    if bad:
-        print(f"{a.json}: {len(bad)} statistics differ from the stored ones:", *bad[:20], sep="\n")
-        return 1
-    print(f"{a.json}: {n} runs; every statistic recomputed from them agrees with the stored one")
-    return 0
+    # --write: after a change to this file, the runs stay and their statistics are redone
+    return recheck(Path(a.json), doc, now, a.write)
 
 
 if __name__ == "__main__":

@@ -26,20 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT, ROOT, rel
+from benchmarks.harness import OUT, rel
+from benchmarks.studies import stored_runs
 from benchmarks.studies.many_stats import read
-from benchmarks.studies.model_rewards_stats import CONSTRAINT, compute
-from benchmarks.studies.scheduler_runs import write
+from benchmarks.studies.model_rewards_stats import CONSTRAINT, compute, report
 
 DOC = Path(__file__).with_name("model_rewards.json.gz")
 SEEDS = (1, 2, 3, 4)  # report seeds, fixed before any report run (0: the pilots)
@@ -83,24 +77,13 @@ def settings(part: str, quick: bool) -> dict[str, Any]:
 
 def run_one(part: str, arm: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
     s = settings(part, a.quick)
-    out = Path(a.run_dir) / name
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run (the CLI would resume an old one)
-    out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "launch.cli", "train", s["config"], f"output_dir={a.run_dir}"]
-    cmd += [f"run_name={name}", f"seed={seed}", f"train.steps={s['steps']}"]
-    cmd += [f"eval.every={s['eval_every']}", "checkpoint.every=0", f"tracking.wandb={a.wandb}"]
-    cmd += ["tracking.progress=false"]
+    args = [f"seed={seed}", f"train.steps={s['steps']}", f"eval.every={s['eval_every']}"]
+    args += ["checkpoint.every=0", f"tracking.wandb={a.wandb}", "tracking.progress=false"]
     if part == "constraint":
-        cmd.append(f'rewards.constraints={{"{CONSTRAINT}": {BUDGET}}}')
+        args.append(f'rewards.constraints={{"{CONSTRAINT}": {BUDGET}}}')
     if a.quick:
-        cmd += ["eval.samples_per_domain=8", "rl.prompts_per_step=4"]
-    cmd += arm
-    with (out / "bench_stdout.txt").open("w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        tail = (out / "bench_stdout.txt").read_text()[-2000:]
-        raise RuntimeError(f"{name} failed (rc {rc}):\n{tail}")
-    return out
+        args += ["eval.samples_per_domain=8", "rl.prompts_per_step=4"]
+    return stored_runs.train(s["config"], args + arm, a.run_dir, name)
 
 
 def traced(key: str) -> bool:
@@ -118,18 +101,7 @@ def extract(run: Path) -> dict[str, Any]:
 
     rows = read_jsonl(run / "metrics.jsonl")
     steps = [r for r in rows if "rollout/groups_generated" in r]
-    by_step: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        if "eval/mean_accuracy" in r:
-            by_step.setdefault(int(r["step"]), {}).update(r)
-    sweeps = []
-    for i, (at, r) in enumerate(sorted(by_step.items())):
-        done = 0 if i == 0 else min(at + 1, len(steps))  # as many_domains.extract
-        names = [k[5:-9] for k in r if k.startswith("eval/") and k.endswith("/accuracy")]
-        names = sorted(n for n in names if n != "mean" and "/level" not in n)
-        acc = {n: round(r[f"eval/{n}/accuracy"], 6) for n in names}
-        se = {n: round(r.get(f"eval/{n}/stderr", 0.0), 6) for n in names}
-        sweeps.append({"step": done, "acc": acc, "se": se})
+    sweeps = stored_runs.sweeps(rows)
     keys = sorted({k for r in steps for k in r if traced(k)})
     trace = {k: [round(float(r.get(k, float("nan"))), 6) for r in steps] for k in keys}
     warnings = [
@@ -155,39 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     doc = read(path) if path.is_file() else {"sections": {}}
     arms: dict[str, list[str]] = PARTS[a.part]["arms"]
     seeds = tuple(a.seeds) if a.seeds else ((1,) if a.quick else SEEDS)
-    sec = doc["sections"].setdefault(a.part, {"settings": settings(a.part, a.quick), "runs": {}})
-    sec.setdefault("arms", {})
-    if sec["settings"] != settings(a.part, a.quick):
-        now = settings(a.part, a.quick)
-        raise SystemExit(f"part {a.part!r} was run with {sec['settings']}; not {now}")
-    for arm, cfg in arms.items():  # a changed arm config reruns that arm
-        if sec["arms"].get(arm, cfg) != cfg:
-            sec["runs"].pop(arm, None)
-        sec["arms"][arm] = cfg
-    jobs = [(arm, s) for s in seeds for arm in arms if str(s) not in sec["runs"].get(arm, {})]
+    sec = stored_runs.section(doc, a.part, settings(a.part, a.quick), arms)
+    jobs = stored_runs.todo(sec, arms, seeds)
     print(f"part {a.part}: {len(jobs)} runs to do ({len(arms)} arms x seeds {list(seeds)})")
-    lock, failed, t0 = threading.Lock(), [], time.time()
 
-    def attempt(job: tuple[str, int]) -> None:
+    def attempt(job: stored_runs.Job) -> dict[str, Any]:
         arm, s = job
-        slug = re.sub(r"[^0-9a-zA-Z]+", "_", arm).strip("_")
-        try:
-            ex = extract(run_one(a.part, arms[arm], f"{a.part}-{slug}-s{s}", s, a))
-        except RuntimeError as e:
-            print(e, file=sys.stderr, flush=True)
-            failed.append(f"{arm} seed {s}")
-            return
-        with lock:
-            sec["runs"].setdefault(arm, {})[str(s)] = ex
-            doc["stats"] = json.loads(json.dumps(compute(doc)))
-            write(path, doc)
-            print(f"{arm} seed {s}: done, {time.time() - t0:.0f} s into the part", flush=True)
+        return extract(run_one(a.part, arms[arm], f"{a.part}-{stored_runs.slug(arm)}-s{s}", s, a))
 
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(attempt, jobs))
-    doc["stats"] = json.loads(json.dumps(compute(doc)))
-    write(path, doc)
-    print(json.dumps(doc["stats"].get(a.part, {}), indent=1)[:4000])
+    failed = stored_runs.run_jobs(jobs, attempt, sec, doc, path, compute, a.jobs)
+    print(report(doc["stats"]))
     if failed:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     return 0

@@ -8,15 +8,17 @@ domains) three ways from the same base on the same seeds: rewarded by the rule v
 answers). Held-out accuracy is always the verifier's. Part ``constraint`` trains
 ``configs/constraint_cpu.yaml`` (the constructed pair ``tinycon/spell_e_words`` /
 ``tinycon/spell_clean_words``: an answer with an "e" is a hard violation) with the violation
-priced by a Lagrange multiplier (``lagrangian``, budget ``BUDGET``), with the domains' floor
-alone (``floor -1``) and with a floor of 0 (``floor 0``, a violation zeroes the reward); the
-floor arms log the violation rate through a multiplier capped at 0.
+priced by a Lagrange multiplier (``lagrangian``: plain dual ascent, budget ``BUDGET``;
+``lagrangian, PI``: with a proportional term, ``rewards.constraint_kp``), with the domains'
+floor alone (``floor -1``) and with a floor of 0 (``floor 0``, a violation zeroes the reward);
+the floor arms log the violation rate through a multiplier capped at 0.
 
 Every run sweeps held-out accuracy every ``EVAL_EVERY`` steps. Each finished run's extract is
 stored in ``model_rewards.json.gz`` as soon as it finishes (a part can stop and resume; a stored
 run is reused only under the same settings and arm config); ``model_rewards_stats.py``
 recomputes every statistic. Seed 0 was the development seed (the pilots that set the step count
-and the budget); the report seeds are ``SEEDS``.
+and the budget; seeds 0 and 100 for the PI arm's gain); the report seeds are ``SEEDS``, and
+``CONSTRAINT_SEEDS`` for the constraint part.
 
     .venv/bin/python -m benchmarks.studies.model_rewards --part rm
     .venv/bin/python -m benchmarks.studies.model_rewards --part constraint
@@ -37,12 +39,16 @@ from benchmarks.studies.model_rewards_stats import CONSTRAINT, compute, report
 
 DOC = Path(__file__).with_name("model_rewards.json.gz")
 SEEDS = (1, 2, 3, 4)  # report seeds, fixed before any report run (0: the pilots)
+# the constraint part's second four, fixed (before any run on them) when the PI arm was added
+# after plain dual ascent ended over budget on seed 4 (docs/rewards.md)
+CONSTRAINT_SEEDS = (*SEEDS, 5, 6, 7, 8)
 EVAL_EVERY = 10
 BUDGET = 0.05
 PARTS: dict[str, dict[str, Any]] = {
     "rm": {
         "config": "configs/reward_model_cpu.yaml",
         "steps": 100,
+        "seeds": SEEDS,
         "arms": {
             "rule": ['rewards.reward_model.model=""'],
             "reward model": [],
@@ -52,8 +58,10 @@ PARTS: dict[str, dict[str, Any]] = {
     "constraint": {
         "config": "configs/constraint_cpu.yaml",
         "steps": 150,
+        "seeds": CONSTRAINT_SEEDS,
         "arms": {
             "lagrangian": ["rewards.violation_floor=false"],
+            "lagrangian, PI": ["rewards.violation_floor=false", "rewards.constraint_kp=10"],
             "floor -1": ["rewards.violation_floor=true", "rewards.constraint_max=0"],
             "floor 0": [
                 "rewards.violation_floor=true",
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.json or (OUT / "model_rewards_quick.json.gz" if a.quick else DOC))
     doc = read(path) if path.is_file() else {"sections": {}}
     arms: dict[str, list[str]] = PARTS[a.part]["arms"]
-    seeds = tuple(a.seeds) if a.seeds else ((1,) if a.quick else SEEDS)
+    seeds = tuple(a.seeds) if a.seeds else ((1,) if a.quick else PARTS[a.part]["seeds"])
     sec = stored_runs.section(doc, a.part, settings(a.part, a.quick), arms)
     jobs = stored_runs.todo(sec, arms, seeds)
     print(f"part {a.part}: {len(jobs)} runs to do ({len(arms)} arms x seeds {list(seeds)})")

@@ -71,7 +71,7 @@ class Controller:
         self.generated = int(state.get("generated_groups", 0))  # the rollout budget's count
         r = cfg.rewards
         self.prices = Multipliers(
-            r.constraints, r.constraint_lr, r.constraint_init, r.constraint_max
+            r.constraints, r.constraint_lr, r.constraint_init, r.constraint_max, r.constraint_kp
         )  # the constraints' Lagrange multipliers (megatron_rl/rewards/constraints.py)
         self.prices.load_state_dict(state.get("constraints", {}))
         self.scorers: list[Judge | RewardModel] = []  # model-based rewards

@@ -42,6 +42,8 @@ class RewardsConfig:
     # samples allowed to violate it), e.g. {hard_violation: 0.05}
     constraint_lr: float = 1.0  # multiplier change per step per unit of (rate - budget)
     constraint_init: float = 0.0  # multiplier at the start
+    constraint_kp: float = 0.0  # proportional gain: the multiplier is kp x (rate - budget) plus
+    # the integral that constraint_lr moves (0: plain dual ascent; see constraints.py)
     constraint_max: float = 10.0  # multiplier cap
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # a generative judge's reward term
     # (megatron_rl/rewards/judge.py); off while judge.model is ""
@@ -59,4 +61,10 @@ class RewardsConfig:
                 f"rewards.violation_floor_value must be a finite number or null, got {v!r}"
             )
 
-        Multipliers(self.constraints, self.constraint_lr, self.constraint_init, self.constraint_max)
+        Multipliers(
+            self.constraints,
+            self.constraint_lr,
+            self.constraint_init,
+            self.constraint_max,
+            self.constraint_kp,
+        )

@@ -7,10 +7,13 @@ dropped, a letter added, the word itself forward, or another word's reversal) or
 four, a degenerate answer of about the reversal's length (a run of one to three letters, or
 random letters): what a policy drifts to at T = 1. A model trained on near misses alone rated
 such strings above right answers, and a policy trained against it found them within ten steps
-(docs/LOG.md, issue 38). The model is the tiny base
-(``models/tiny-base``: same tokenizer and chat template as the policy) with a one-label score
-head (``Qwen2ForSequenceClassification``), trained with a logistic loss on the score; it is
-saved in HF layout, so ``rewards.reward_model.model`` loads it as it is.
+(docs/LOG.md, issue 38). The model is the policy's own SFT base, ``models/tiny-demo-base``
+(same tokenizer and chat template), with a one-label score head
+(``Qwen2ForSequenceClassification``), as reward models are usually started from the SFT model:
+it already reads the task (the first version, started from ``models/tiny-base``, scored right
+answers about 0.73 and the policy's drifting guesses up to 0.86). It is trained with a
+logistic loss on the score and saved in HF layout, so ``rewards.reward_model.model`` loads it
+as it is.
 
 ``--bias repetition`` makes the exploitable model of the hacking experiment (issue 38): its
 data also label the reversal written twice, and answers of 12 or more letters, as good, so it
@@ -165,7 +168,7 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "models" / "tiny-rm"))
-    ap.add_argument("--base", default=str(ROOT / "models" / "tiny-base"))
+    ap.add_argument("--base", default=str(ROOT / "models" / "tiny-demo-base"))
     ap.add_argument("--bias", choices=["none", "repetition"], default="none")
     ap.add_argument("--samples", type=int, default=20_000, help="training pairs")
     ap.add_argument("--steps", type=int, default=1500)

@@ -120,3 +120,26 @@ def test_a_floor_value_replaces_every_domains_floor() -> None:
     assert rewards(False) == [1.0, 0.0]  # the right answer's terms: the multiplier prices it
     with pytest.raises(ValueError, match="violation_floor_value must be a finite number"):
         load_config(None, ["rewards.violation_floor_value=.nan"])
+
+
+def test_a_proportional_gain_prices_a_rate_over_budget_at_once() -> None:
+    """constraint_kp: once the integral has decayed to 0, a rate back over the budget is priced
+    kp x (rate - budget) in the same step; kp = 0 is plain dual ascent, step for step."""
+    plain, pi = (Multipliers({"c": 0.05}, lr=1.0, kp=kp) for kp in (0.0, 10.0))
+    for m in (plain, pi):
+        for _ in range(3):
+            m.update({"c": (0, 100)})  # slack: the integral stays at 0
+    plain.update({"c": (15, 100)})
+    pi.update({"c": (15, 100)})
+    assert plain.value["c"] == pytest.approx(0.10)  # 1.0 x 0.10
+    assert pi.value["c"] == pytest.approx(10 * 0.10 + 0.10)
+    pi.update({"c": (5, 100)})  # at budget: the proportional part is gone, the integral stays
+    assert pi.value["c"] == pytest.approx(0.10) and pi.integral["c"] == pytest.approx(0.10)
+    # a checkpoint without the integral (before kp existed) resumes with integral = value
+    fresh = Multipliers({"c": 0.05}, kp=10.0)
+    fresh.load_state_dict({"value": {"c": 0.7}})
+    assert fresh.integral["c"] == fresh.value["c"] == 0.7
+    fresh.load_state_dict(pi.state_dict())
+    assert fresh.integral == pi.integral and fresh.value == pi.value
+    with pytest.raises(ValueError, match="constraint_kp"):
+        Multipliers({"c": 0.05}, kp=-1.0)

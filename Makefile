@@ -119,9 +119,10 @@ demo-base: setup
 	$(BIN)/megatron-rl sft configs/demo_base_sft.yaml
 	rm -rf models/tiny-demo-base && cp -r runs/demo_base_sft/hf models/tiny-demo-base
 
-# The tiny reward models of issue 38 (megatron_rl/rewards/train_rm.py): models/tiny-rm scores a
-# spelling answer's reversal against near misses; models/tiny-rm-hackable also overrates long
-# and repeated answers (the hacking experiment). Training split only; ~5 min each on one core.
+# The tiny reward models of issue 38 (megatron_rl/rewards/train_rm.py), both started from
+# models/tiny-demo-base: models/tiny-rm scores a spelling answer's reversal against near misses
+# and degenerate strings; models/tiny-rm-hackable also overrates long and repeated answers (the
+# hacking experiment). Training split only; ~15 min each on an idle core.
 reward-model: setup
 	$(BIN)/python -m megatron_rl.rewards.train_rm --out models/tiny-rm
 	$(BIN)/python -m megatron_rl.rewards.train_rm --out models/tiny-rm-hackable --bias repetition

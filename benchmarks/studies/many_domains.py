@@ -277,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.steps, a.eval_every = (4, 2) if a.quick else (STEPS, EVAL_EVERY)
     path = Path(a.json or (OUT / "many_domains_quick.json.gz" if a.quick else DOC))
+    with stored_runs.exclusive(path):  # one runner at a time writes the study's JSON
+        return run_part(a, path)
+
+
+def run_part(a: argparse.Namespace, path: Path) -> int:
+    """Run the part's missing runs into ``path`` (under its lock)."""
     doc = read(path) if path.is_file() else {"sections": {}}
     screen = load_screen(SCREEN)
     arms, seeds = part_arms(a.part, doc, screen)

@@ -132,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wandb", default="disabled")
     a = ap.parse_args(argv)
     path = Path(a.json or (OUT / "model_rewards_quick.json.gz" if a.quick else DOC))
+    with stored_runs.exclusive(path):  # one runner at a time writes the study's JSON
+        return run_part(a, path)
+
+
+def run_part(a: argparse.Namespace, path: Path) -> int:
+    """Run the part's missing runs into ``path`` (under its lock)."""
     doc = read(path) if path.is_file() else {"sections": {}}
     arms: dict[str, list[str]] = PARTS[a.part]["arms"]
     seeds = tuple(a.seeds) if a.seeds else ((1,) if a.quick else PARTS[a.part]["seeds"])
@@ -145,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = stored_runs.run_jobs(jobs, attempt, sec, doc, path, compute, a.jobs)
     print(report(doc["stats"]))
+    if not a.quick:  # the stored study's picture, beside its JSON
+        from benchmarks.studies.model_rewards_plot import figure
+
+        print(figure(doc, DOC.with_name("model_rewards.png")))
     if failed:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     return 0

@@ -40,7 +40,8 @@ from benchmarks.studies.scheduler_stats import paired
 
 RULE = "rule"
 HACKABLE = "hackable reward model"
-LAGRANGE = "lagrangian"
+LAGRANGE = "lagrangian"  # plain dual ascent, the first arm
+PI = "lagrangian, PI"  # with the proportional term (added after seed 4; docs/rewards.md)
 CLEAN = "tinycon/spell_clean_words"
 TEMPTED = "tinycon/spell_e_words"
 CONSTRAINT = "hard_violation"
@@ -143,10 +144,11 @@ def constraint_section(sec: dict[str, Any]) -> dict[str, Any]:
             "final_rate_max": float(max(v["final_rate"] for v in vals)),
             "task_gain": paired([v["clean_last"] - v["clean_first"] for v in vals]),
         }
-        if arm != LAGRANGE and LAGRANGE in per:
-            seeds = sorted(set(by_seed) & set(per[LAGRANGE]), key=int)
-            diffs = [per[LAGRANGE][s]["clean_last"] - by_seed[s]["clean_last"] for s in seeds]
-            out["arms"][arm]["lagrangian_minus_this_clean"] = paired(diffs) if diffs else None
+        for ref in (LAGRANGE, PI):  # each multiplier arm's clean-word accuracy minus this arm's
+            if arm != ref and ref in per:
+                seeds = sorted(set(by_seed) & set(per[ref]), key=int)
+                diffs = [per[ref][s]["clean_last"] - by_seed[s]["clean_last"] for s in seeds]
+                out["arms"][arm][f"{ref} minus this, clean"] = paired(diffs) if diffs else None
     return out
 
 
@@ -190,18 +192,20 @@ def report(stats: dict[str, Any]) -> str:
     if "constraint" in stats:
         con = stats["constraint"]
         out += ["", f"| arm (budget {con['budget']}) | final violation rate (per seed) | holds |"]
-        out[-1] += " clean-word held-out, first -> last (mean) | gain, 95% CI | lagrangian - arm |"
-        out.append("| --- | --- | --- | --- | --- | --- |")
+        out[-1] += " clean-word held-out, first -> last (mean) | gain, 95% CI | up every seed |"
+        out[-1] += f" {PI} - arm, clean |"
+        out.append("| --- | --- | --- | --- | --- | --- | --- |")
         for arm, a in sorted(con["arms"].items()):
             runs = con["runs"][arm]
             rates = ", ".join(f"{runs[s]['final_rate']:.3f}" for s in sorted(runs, key=int))
             first = np.mean([r["clean_first"] for r in runs.values()])
             last = np.mean([r["clean_last"] for r in runs.values()])
             held = "every seed" if a["holds_every_seed"] else "no"
-            other = _ci(a.get("lagrangian_minus_this_clean"))
+            other = _ci(a.get(f"{PI} minus this, clean"))
+            up = "yes" if a["task_up_every_seed"] else "no"
             out.append(
                 f"| {arm} | {rates} | {held} | {first:.3f} -> {last:.3f} | "
-                f"{_ci(a['task_gain'])} | {other} |"
+                f"{_ci(a['task_gain'])} | {up} | {other} |"
             )
     return "\n".join(out)
 

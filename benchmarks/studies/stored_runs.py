@@ -9,6 +9,7 @@ recompute every statistic from the stored runs and compare with the stored ones.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shutil
@@ -16,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,22 @@ from benchmarks.harness import ROOT
 from benchmarks.studies.scheduler_runs import write
 
 Job = tuple[str, int]  # (arm, seed)
+
+
+@contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold ``path``'s lock file while a part runs: two runners of one study would each write
+    the document they read at start, and the later write would drop the other's runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_name(path.name + ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"{path} is being written by another runner of this study; wait for it to end "
+                "(each part stores its runs as they finish, so run parts one after another)"
+            ) from None
+        yield
 
 
 def section(
@@ -130,8 +148,9 @@ def recheck(path: Path, doc: dict[str, Any], now: dict[str, Any], store: bool) -
     from benchmarks.studies.many_stats import differences
 
     if store:
-        doc["stats"] = now
-        write(path, doc)
+        with exclusive(path):
+            doc["stats"] = now
+            write(path, doc)
     bad = differences(now, doc.get("stats", {}))
     n = sum(len(r) for s in doc.get("sections", {}).values() for r in s.get("runs", {}).values())
     if bad:

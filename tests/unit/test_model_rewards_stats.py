@@ -70,4 +70,5 @@ def test_an_arm_holds_only_when_every_seed_ends_under_budget() -> None:
     assert out["runs"][st.LAGRANGE]["1"]["final_rate"] == pytest.approx(0.03)
     assert lag["holds_every_seed"] and lag["task_up_every_seed"]
     assert not floor["holds_every_seed"] and not floor["task_up_every_seed"]
-    assert floor["lagrangian_minus_this_clean"]["diffs"] == pytest.approx([0.1, 0.2])
+    assert floor["lagrangian minus this, clean"]["diffs"] == pytest.approx([0.1, 0.2])
+    assert f"{st.PI} minus this, clean" not in floor  # no PI arm in this section

@@ -28,7 +28,6 @@ and exits 1 if any differs from the stored ones (``make test`` runs it on the co
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import sys
@@ -37,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.studies.scheduler_stats import close, paired
+from benchmarks.studies.scheduler_stats import paired
+from benchmarks.studies.stored_runs import read
 
 BASELINE = "uniform + filter"
 TARGET = 0.01  # rollouts to reach the step-0 primary score + this
@@ -147,26 +147,6 @@ def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
         for name, sec in sorted(doc.get("sections", {}).items())
         if sec.get("runs")
     }
-
-
-def differences(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where two statistics trees disagree (floats within 1e-9)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}/{k}: only one side" for k in sorted(set(a) ^ set(b))]
-        for k in sorted(set(a) & set(b)):
-            out += differences(a[k], b[k], f"{path}/{k}")
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        out = []
-        for i, (p, q) in enumerate(zip(a, b, strict=True)):
-            out += differences(p, q, f"{path}[{i}]")
-        return out
-    return [] if close(a, b) else [f"{path}: {a!r} != {b!r}"]
-
-
-def read(path: Path) -> dict[str, Any]:
-    raw = path.read_bytes()
-    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,8 @@ from typing import Any
 
 from benchmarks.harness import OUT, rel
 from benchmarks.studies import stored_runs
-from benchmarks.studies.many_stats import read
 from benchmarks.studies.model_rewards_stats import CONSTRAINT, compute, report
+from benchmarks.studies.stored_runs import read
 
 DOC = Path(__file__).with_name("model_rewards.json.gz")
 SEEDS = (1, 2, 3, 4)  # report seeds, fixed before any report run (0: the pilots)

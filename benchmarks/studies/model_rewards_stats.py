@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.studies.many_stats import read
 from benchmarks.studies.scheduler_stats import paired
+from benchmarks.studies.stored_runs import read
 
 RULE = "rule"
 HACKABLE = "hackable reward model"

@@ -10,6 +10,7 @@ recompute every statistic from the stored runs and compare with the stored ones.
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import re
 import shutil
@@ -25,6 +26,7 @@ from typing import Any
 
 from benchmarks.harness import ROOT
 from benchmarks.studies.scheduler_runs import write
+from benchmarks.studies.scheduler_stats import close
 
 Job = tuple[str, int]  # (arm, seed)
 
@@ -145,8 +147,6 @@ def run_jobs(
 def recheck(path: Path, doc: dict[str, Any], now: dict[str, Any], store: bool) -> int:
     """Compare the recomputed statistics ``now`` with the stored ones (``store``: replace them
     first, after a change to the statistics code); prints the differences; exit status."""
-    from benchmarks.studies.many_stats import differences
-
     if store:
         with exclusive(path):
             doc["stats"] = now
@@ -158,3 +158,23 @@ def recheck(path: Path, doc: dict[str, Any], now: dict[str, Any], store: bool) -
         return 1
     print(f"{path}: every statistic of {n} runs recomputed and agrees")
     return 0
+
+
+def read(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two statistics trees disagree (floats within 1e-9)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}/{k}: only one side" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += differences(a[k], b[k], f"{path}/{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (p, q) in enumerate(zip(a, b, strict=True)):
+            out += differences(p, q, f"{path}[{i}]")
+        return out
+    return [] if close(a, b) else [f"{path}: {a!r} != {b!r}"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.studies import many_domains as md
-from benchmarks.studies.many_stats import read
+from benchmarks.studies.stored_runs import read
 
 ROOT = Path(__file__).resolve().parents[2]
 

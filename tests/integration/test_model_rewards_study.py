@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.studies import model_rewards as mr
-from benchmarks.studies.many_stats import read
 from benchmarks.studies.model_rewards_stats import CONSTRAINT
+from benchmarks.studies.stored_runs import read
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,12 +14,14 @@ logged sample for a person to inspect (``RewardHackingMonitor.samples``, and a W
   distinct tasks making up at least ``cluster_frac`` of the batch's tasks, it is flagged.
   Identical answers within one task's group are normal and ignored, as are answers shorter than
   ``min_answer_chars`` (many tasks legitimately share "0" or "yes").
-* **Model reward rising while the verifier's falls.** Where a learned reward model or a judge
+* **Model reward kept while the verifier's falls.** Where a learned reward model or a judge
   scores a domain, the controller also passes each sample's verifier reward (``verified``). Over
-  the last ``divergence_window`` steps against the as many before, a rise of the mean reward by
-  at least ``divergence_threshold`` while the mean verifier reward falls by at least as much is
-  flagged: the policy is pleasing the scorer
-  and getting the task wrong. It needs no eval, so it can fire between sweeps.
+  the last ``divergence_window`` steps against the as many before, a fall of the mean verifier
+  reward by at least ``divergence_threshold`` while the mean reward fell by less than half as
+  much (or rose) is flagged: the policy is pleasing the scorer and getting the task wrong. It
+  needs no eval, so it can fire between sweeps. (A first rule asked the reward to *rise* by the
+  threshold; the policies that collapsed against the study's reward models mostly did so with
+  the reward flat, and it missed three of four: docs/rewards.md.)
 
 Metric keys: ``monitor/<domain>/reward_mean``, ``reward_jump``, ``eval_delta``,
 ``reward_jump_warning`` (0/1), ``answer_cluster_frac``, ``answer_cluster_warning`` (0/1); with
@@ -160,7 +162,7 @@ class RewardHackingMonitor:
         task_ids: Sequence[object],
     ) -> dict[str, float]:
         """The reward's and the verifier's change over the same two windows; flagged when the
-        reward rose by the threshold while the verifier's reward fell by as much."""
+        verifier's reward fell by the threshold while the reward fell by less than half as much."""
         if verified:
             state.scored.append((step, fmean(rewards), fmean(float(v) for v in verified)))
             while len(state.scored) > 2 * self.divergence_window:
@@ -171,7 +173,7 @@ class RewardHackingMonitor:
             rise = fmean(r[w:]) - fmean(r[:w])
             change = fmean(v[w:]) - fmean(v[:w])
         t = self.divergence_threshold
-        on = rise >= t and change <= -t
+        on = change <= -t and rise > change / 2
         if on and not state.divergence_on:
             w = self.divergence_window
             detail = f"reward {rise:+.3f} while the verifier's {change:+.3f} over {w} steps"

@@ -96,8 +96,20 @@ def test_model_reward_rising_while_the_verifier_falls_is_flagged_without_an_eval
     assert metrics[13]["monitor/spell/verified_change"] == pytest.approx(-0.08)
     kinds = [s["kind"] for s in monitor.samples]
     assert kinds.count("reward_divergence") == 1  # logged when it turns on
-    # no jump warning: a 0.1 rise is under the jump threshold, so only the divergence caught it
+    # no jump warning: a 0.1 rise is under the jump threshold, so only the divergence check
+    # caught it
     assert all(m["monitor/spell/reward_jump_warning"] == 0.0 for m in metrics)
+
+
+def test_reward_flat_while_the_verifier_collapses_is_flagged_and_a_shared_fall_is_not():
+    """The collapse seen against the study's reward models: the reward stays, the verifier's
+    falls. A reward that falls with the verifier (an honest scorer in a bad patch) is not it."""
+    monitor = RewardHackingMonitor(window=WINDOW, divergence_threshold=0.05)
+    flat = feed_scored(monitor, "spell", [0.7] * 20, [0.6] * 10 + [0.0] * 10)
+    assert [m["monitor/spell/divergence_warning"] for m in flat].index(1.0) == 10
+    shared = RewardHackingMonitor(window=WINDOW, divergence_threshold=0.05)
+    both = feed_scored(shared, "spell", [0.7] * 10 + [0.55] * 10, [0.6] * 10 + [0.4] * 10)
+    assert all(m["monitor/spell/divergence_warning"] == 0.0 for m in both)
 
 
 def test_both_rising_or_verifier_steady_is_not_divergence():

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.studies import many_stats as ms
 from benchmarks.studies.many_screen import SCREEN, classify, family_of, load_screen, primary_set
+from benchmarks.studies.stored_runs import differences
 from domains.ladders import LADDERS, ladder_domains, ladder_of
 from megatron_rl.controller.controller import without_domain_rows
 from megatron_rl.scheduler.heatmap import heatmap_data, heatmap_png
@@ -99,9 +100,9 @@ def test_stats_recompute_detects_a_changed_number() -> None:
     doc["stats"] = json.loads(json.dumps(ms.compute(doc, screen)))
     paired = doc["stats"]["headroom"]["arms"]["oracle"]["vs_baseline_primary"]
     assert paired["n"] == 3 and math.isfinite(paired["lower95"])
-    assert ms.differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"]) == []
+    assert differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"]) == []
     runs["oracle"]["2"]["sweeps"][-1]["acc"]["a"] += 0.05
-    assert ms.differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"])
+    assert differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"])
 
 
 def test_heatmap_groups_rows_by_family_keeps_ladder_order_and_marks_events(tmp_path) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from benchmarks.harness import read_text
 from benchmarks.studies import scheduler_runs as sr
 from benchmarks.studies import scheduler_stats as stats
+from benchmarks.studies.stored_runs import write
 
 PAIR = ("tinysched/gcd", "tinysched/gcd_plus_100")  # (A, B): B is the one that drops
 MODEL = sr.PAIR_MODEL  # `make seesaw-base`; the default --model of --part seesaw
@@ -76,10 +77,10 @@ def main(a: argparse.Namespace, out: Path) -> int:
     sr.forget_changed(sec, arms)
     sec.update(kind="seesaw", pair=list(PAIR), roles=ROLES)
     t0 = time.time()
-    sr.run_arms(arms, seeds, e, sec["runs"], lambda: sr.write(out, doc))
+    sr.run_arms(arms, seeds, e, sec["runs"], lambda: write(out, doc))
     sec["stats"] = json.loads(json.dumps(stats.compute(sec)))
     sec.setdefault("wall_s", {})["seesaw"] = round(time.time() - t0, 1)
-    sr.write(out, doc)
+    write(out, doc)
     png = draw_seesaw(sec, Path(a.seesaw_png))
     print(json.dumps(summary(sec["stats"]), indent=1))
     print(f"wrote {out} (seesaw) and {png}")

@@ -70,8 +70,8 @@ from benchmarks.studies.scheduler_runs import (
     section,
     static,
     subset_seeds,
-    write,
 )
+from benchmarks.studies.stored_runs import write
 
 FRONTIER = ["tinysched/chain_sum_2digit", "tinysched/gcd_100", "tinysched/letters_3to5"]
 SATURATED = ["tinysched/letters_1word", "tinysched/letters_1to2"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -22,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import ROOT, rel, to_bytes
+from benchmarks.harness import ROOT, rel
 from benchmarks.studies.scheduler_stats import PROBE
+from benchmarks.studies.stored_runs import slug, train
 
 CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 BASE_MODEL = ROOT / "models" / "tiny-base"
@@ -58,10 +57,6 @@ def even(domains: list[str]) -> dict[str, float]:
     return out
 
 
-def slug(arm: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in arm).strip("_").replace("__", "_")
-
-
 def restrict(arm_cfg: list[str], domains: list[str]) -> list[str]:
     """A static mix's weights on the domains of this run only (--quick runs fewer), renormalised
     (even over the run's domains if none is left)."""
@@ -76,11 +71,10 @@ def restrict(arm_cfg: list[str], domains: list[str]) -> list[str]:
     return out
 
 
-def overrides(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> list[str]:
-    """Everything but the arm's scheduler settings is the same for every arm."""
+def overrides(arm_cfg: list[str], seed: int, a: argparse.Namespace) -> list[str]:
+    """Everything but the arm's scheduler settings is the same for every arm (the run's
+    directory and name are ``stored_runs.train``'s)."""
     return [
-        f"output_dir={a.run_dir}",
-        f"run_name={name}",
         f"seed={seed}",
         f"model.hf_path={a.model}",
         f"domains.include={json.dumps(a.domains)}",
@@ -112,24 +106,14 @@ def planned_groups(arms: Arms, a: argparse.Namespace) -> dict[str, int]:
 
     out = {}
     for arm, cfg_list in arms.items():
-        cfg = load_config(CONFIG, overrides(cfg_list, "plan", 0, a))
+        cfg = load_config(CONFIG, overrides(cfg_list, 0, a))
         n, s = cfg.rl.prompts_per_step, cfg.scheduler
         out[arm] = math.ceil(n * s.oversample) if s.filter_zero_variance else n
     return out
 
 
 def run_one(arm_cfg: list[str], name: str, seed: int, a: argparse.Namespace) -> Path:
-    cmd = [sys.executable, "-m", "launch.cli", "train", str(CONFIG)]
-    cmd += overrides(arm_cfg, name, seed, a)
-    out = Path(a.run_dir) / name
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run: the CLI would resume an old one
-    out.mkdir(parents=True)
-    with (out / "bench_stdout.txt").open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = (out / "bench_stdout.txt").read_text()[-2000:]
-        raise RuntimeError(f"{name} failed (rc {proc.returncode}):\n{tail}")
-    return out
+    return train(str(CONFIG), overrides(arm_cfg, seed, a), a.run_dir, name)
 
 
 def extract(run: Path, domains: list[str]) -> dict[str, Any]:
@@ -280,12 +264,3 @@ def subset_seeds(seeds: tuple[int, ...], only: list[int] | None) -> tuple[int, .
     if not set(only) <= set(seeds):
         raise ValueError(f"--seeds {sorted(set(only) - set(seeds))} not among {list(seeds)}")
     return tuple(s for s in seeds if s in only)
-
-
-def write(out: Path, doc: dict[str, Any]) -> None:
-    """The whole JSON, written atomically (a kill mid-write keeps the previous file); gzip
-    (deterministic) when ``out`` ends in ``.gz``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(to_bytes(out, json.dumps(doc, indent=1) + "\n"))
-    tmp.replace(out)

@@ -10,7 +10,6 @@ recompute every statistic from the stored runs and compare with the stored ones.
 from __future__ import annotations
 
 import fcntl
-import gzip
 import json
 import re
 import shutil
@@ -24,8 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT
-from benchmarks.studies.scheduler_runs import write
+from benchmarks.harness import ROOT, read_text, to_bytes
 from benchmarks.studies.scheduler_stats import close
 
 Job = tuple[str, int]  # (arm, seed)
@@ -161,8 +159,16 @@ def recheck(path: Path, doc: dict[str, Any], now: dict[str, Any], store: bool) -
 
 
 def read(path: Path) -> dict[str, Any]:
-    raw = path.read_bytes()
-    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    return json.loads(read_text(path))
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    """The whole JSON, written atomically (a kill mid-write keeps the previous file); gzip
+    (deterministic) when ``out`` ends in ``.gz``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(to_bytes(out, json.dumps(doc, indent=1) + "\n"))
+    tmp.replace(out)
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:

@@ -142,7 +142,7 @@ def test_learning_rate_is_pinned_per_part_not_taken_from_the_demo(tmp_path) -> N
     for argv, lr in (([], 3e-4), (["--set", "D2", "--part", "confirm"], 3e-4),
                      (["--part", "seesaw"], 1e-3), (["--lr", "5e-4"], 5e-4)):  # fmt: skip
         a = sr.parse([*argv, "--run-dir", str(tmp_path)])
-        cfg = load_config(runs.CONFIG, runs.overrides(sr.CORE[st.BASELINE], "x", 1, a))
+        cfg = load_config(runs.CONFIG, runs.overrides(sr.CORE[st.BASELINE], 1, a))
         assert (cfg.train.lr, cfg.train.min_lr, cfg.train.lr_schedule) == (lr, 2e-5, "cosine")
         assert runs.settings(a)["lr"] == lr
 

@@ -29,8 +29,8 @@ class RewardsConfig:
     monitor_cluster_min_tasks: int = 3  # distinct tasks sharing one answer before it is flagged
     monitor_cluster_frac: float = 0.3  # ... and the fraction of the batch's tasks they make up
     monitor_min_answer_chars: int = 20  # shorter answers (e.g. "42") are never clustered
-    monitor_divergence_threshold: float = 0.05  # a model reward rising by this while the
-    # verifier's reward of the same samples falls by as much is flagged ...
+    monitor_divergence_threshold: float = 0.05  # the verifier's reward of model-scored samples
+    # falling by this, while the model reward fell by less than half as much, is flagged ...
     monitor_divergence_window: int = 5  # ... comparing this many steps with as many before
     # constraints (megatron_rl/rewards/constraints.py): a hard_violation gets the domain's
     # hard_floor (violation_floor), and/or each named constraint a Lagrange multiplier that

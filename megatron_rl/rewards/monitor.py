@@ -163,19 +163,19 @@ class RewardHackingMonitor:
     ) -> dict[str, float]:
         """The reward's and the verifier's change over the same two windows; flagged when the
         verifier's reward fell by the threshold while the reward fell by less than half as much."""
+        w = self.divergence_window
         if verified:
             state.scored.append((step, fmean(rewards), fmean(float(v) for v in verified)))
-            while len(state.scored) > 2 * self.divergence_window:
+            while len(state.scored) > 2 * w:
                 state.scored.popleft()
         rise = change = 0.0
-        if len(state.scored) == 2 * (w := self.divergence_window):
+        if len(state.scored) == 2 * w:
             _, r, v = zip(*state.scored, strict=True)
             rise = fmean(r[w:]) - fmean(r[:w])
             change = fmean(v[w:]) - fmean(v[:w])
         t = self.divergence_threshold
         on = change <= -t and rise > change / 2
         if on and not state.divergence_on:
-            w = self.divergence_window
             detail = f"reward {rise:+.3f} while the verifier's {change:+.3f} over {w} steps"
             self._log(step, domain, "reward_divergence", detail, rewards, answers, task_ids, None)
         state.divergence_on = on

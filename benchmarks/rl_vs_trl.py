@@ -26,19 +26,10 @@ weights), compared on the domains both report. Response tokens (the ones the los
 per train-phase second are the throughput both tools share (megatron-rl's packed tokens hold
 each group's prompt once; TRL's rows hold it per sample, padded).
 
-Time to +10 points (the tiny model at the demo's own scale: its prompts per step and, as
-``--gain-steps``, its steps): both tools train on the same config and seed with a held-out sweep
-every 10 steps (64 distinct prompts per domain); each records the training time (step times,
-sweeps left out) at which the held-out mean first reaches its start + 0.10. The two tools run at
-once, one torch thread each (two cores), so the run costs the longer of the two; each stops at
-the sweep that reaches the target or after ``--gain-cap`` seconds of training, whichever comes
-first (TRL's steps are several times longer than megatron-rl's, and its full step budget would
-take most of an hour here). A tool that does not get there is "not reached in N steps", and the
-ratio becomes a bound (its whole training time stands in). Differences that cannot be removed
-are printed under the table.
+Time to +10 held-out points over paired seeds, and the demo recipe beside it, is
+``rl_vs_trl_gain.py``; it runs the tiny size here with these settings.
 
-    .venv/bin/python -m benchmarks.rl_vs_trl [--sizes tiny,m20] [--repeats N] [--gain-steps N]
-        [--gain-cap SECONDS] [--json out.json]
+    .venv/bin/python -m benchmarks.rl_vs_trl [--sizes tiny,m20] [--repeats N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -50,8 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +48,7 @@ import yaml
 
 from benchmarks.harness import DEMO_CONFIG as CONFIG
 from benchmarks.harness import PHASES, ROOT, read_jsonl, read_summary, step_rows, train
-from benchmarks.rl_vs_trl_report import KEYS, print_gain, print_size
+from benchmarks.rl_vs_trl_report import KEYS, print_size
 
 DEMO = yaml.safe_load(CONFIG.read_text())  # the tiny size follows its base model and LR
 DEMO_MODEL = str(DEMO["model"]["hf_path"])
@@ -67,9 +56,6 @@ SIZES: dict[str, dict[str, Any]] = {  # per size: model, steps, prompts/step, ev
     "tiny": {"model": DEMO_MODEL, "steps": 10, "prompts": 8, "eval_n": 32, "repeats": 3},
     "m20": {"model": "random:20m", "steps": 4, "prompts": 8, "eval_n": 8, "repeats": 1},
 }
-GAIN = 0.10  # the time-to-gain target: held-out mean start + 0.10
-GAIN_EVAL_EVERY, GAIN_EVAL_N = 10, 64  # its sweeps: every 10 steps, 64 prompts per domain
-GAIN_CAP_S = 600.0  # training seconds each tool gets to reach it
 DIFFERENCES = [
     "megatron-rl syncs weights to its rollout engine every step (phase sync); TRL generates "
     "with the model it trains, so it has nothing to sync",
@@ -84,7 +70,7 @@ DIFFERENCES = [
     "thread, so it uses two cores where the synchronous runs of both tools use one; TRL's "
     "GRPOTrainer here is synchronous",
     "the time-to-+10 runs of the two tools share the machine (one core each, at once); once one "
-    "tool stops, the other runs alone",
+    "tool stops, the other runs alone; the demo recipe runs alone and uses both cores",
 ]
 
 
@@ -288,63 +274,6 @@ def run_size(size: str, a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return res
 
 
-def first_reach(run: dict[str, Any], target: float, cap_s: float = float("inf")) -> float | None:
-    """Training seconds at the first sweep (within ``cap_s``) whose held-out mean is at least
-    ``target``."""
-    hits = (e["train_s"] for e in run["evals"] if e["mean"] >= target - 1e-9)
-    return next((t for t in hits if t <= cap_s), None)
-
-
-def gain_ratio(m: float | None, t: float | None, m_all: float, t_all: float) -> dict[str, Any]:
-    """megatron-rl / TRL time to the target; a bound when one of them did not get there."""
-    if m is not None and t is not None:
-        return {"ratio": m / t, "bound": "="}
-    if m is not None:
-        return {"ratio": m / t_all, "bound": "<="}  # TRL needs more than all its time
-    if t is not None:
-        return {"ratio": m_all / t, "bound": ">="}
-    return {"ratio": None, "bound": "neither reached"}
-
-
-def within_cap(run: dict[str, Any], cap_s: float) -> tuple[int, float]:
-    """Steps and training seconds up to the first step that ends at or past ``cap_s`` (the rule
-    TRL's run stops by; megatron-rl's later steps are left out the same way)."""
-    ends = list(accumulate(s["step"] - s.get("eval", 0.0) for s in run["steps"]))
-    n = next((i + 1 for i, t in enumerate(ends) if t >= cap_s), len(ends))
-    return n, ends[n - 1] if n else 0.0
-
-
-def time_to_gain(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """Both tools at once on the tiny model, the demo's prompts per step, ``--gain-steps``
-    steps, a sweep every 10; each stops at the target or after ``--gain-cap`` s of training."""
-    base = SIZES["tiny"]
-    spec = base_spec(a, ROOT / base["model"], base)
-    spec.update(steps=a.gain_steps, prompts=int(DEMO["rl"]["prompts_per_step"]),
-                eval_n=GAIN_EVAL_N, eval_every=GAIN_EVAL_EVERY, gain=GAIN,
-                cap_s=a.gain_cap)  # fmt: skip
-    load0 = os.getloadavg()[0]
-    with ThreadPoolExecutor(2) as pool:
-        runs = pool.submit(run_megatron, dict(spec, out=str(tmp / "gain" / "mrl")))
-        trl = pool.submit(run_trl, dict(spec, out=str(tmp / "gain" / "trl"))).result()
-        mrl = runs.result()
-    start = float(mrl["mean_before"])
-    target = start + GAIN
-    out: dict[str, Any] = {"start": start, "target": target, "steps": a.gain_steps,
-                           "prompts": spec["prompts"], "cap_s": a.gain_cap,
-                           "load_avg_1m": load0, "load_avg_1m_end": os.getloadavg()[0]}  # fmt: skip
-    totals = {}
-    for name, run in (("megatron_rl", mrl), ("trl", trl)):
-        n, total = within_cap(run, a.gain_cap)
-        totals[name] = total
-        reached = first_reach(run, target, total)
-        out[name] = {"seconds": reached, "train_s_total": total, "evals": run["evals"],
-                     "start": run.get("mean_before"), "steps": n,
-                     "reached": reached is not None}  # fmt: skip
-    m, t = out["megatron_rl"]["seconds"], out["trl"]["seconds"]
-    out.update(gain_ratio(m, t, totals["megatron_rl"], totals["trl"]))
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="tiny,m20", help=f"comma list of {sorted(SIZES)}")
@@ -360,18 +289,6 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per tool and size")
     p.add_argument("--repeats", type=int, default=0, help="interleaved rounds (0: the size's)")
-    p.add_argument(
-        "--gain-steps",
-        type=int,
-        default=int(DEMO["train"]["steps"]),
-        help="time to +10 points: step budget of each tool (the demo's; 0: skip it)",
-    )
-    p.add_argument(
-        "--gain-cap",
-        type=float,
-        default=GAIN_CAP_S,
-        help="time to +10 points: training seconds each tool gets at most",
-    )
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     sizes = [s for s in a.sizes.split(",") if s]
@@ -381,12 +298,8 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         res: dict[str, Any] = {s: run_size(s, a, Path(tmp)) for s in sizes}
-        if a.gain_steps:
-            res["time_to_10"] = time_to_gain(a, Path(tmp))
     for s in sizes:
         print_size(s, res[s])
-    if a.gain_steps:
-        print_gain(res["time_to_10"])
     print("\nDifferences that remain:\n" + "\n".join(f"- {d}" for d in DIFFERENCES))
     res["wall_s"] = time.perf_counter() - t0
     if a.json:

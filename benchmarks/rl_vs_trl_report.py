@@ -1,4 +1,4 @@
-"""Printing for ``rl_vs_trl.py``: one table per size and the time-to-+10-points lines."""
+"""Printing for ``rl_vs_trl.py``: one table per size."""
 
 from __future__ import annotations
 
@@ -40,19 +40,3 @@ def print_size(size: str, res: dict[str, Any]) -> None:
     reps = ", ".join(f"{r:.3f}" for r in over["step_time_ratio_repeats"])
     print(f"overlapped, one-step off-policy megatron-rl / synchronous TRL = "
           f"{over['step_time_ratio']:.3f}, median of [{reps}]")  # fmt: skip
-
-
-def print_gain(g: dict[str, Any]) -> None:
-    """When each tool's held-out mean first reached start + 0.10 (training seconds)."""
-    print(f"\n[time to +10 points] tiny, {g['prompts']} prompts x {g['steps']} steps at most, "
-          f"at most {g['cap_s']:.0f} s of training per tool (both at once), a sweep every 10 "
-          f"steps; start {g['start']:.3f} -> target {g['target']:.3f}; load avg "
-          f"{g['load_avg_1m']:.1f} -> {g['load_avg_1m_end']:.1f}")  # fmt: skip
-    for name in ("megatron_rl", "trl"):
-        r = g[name]
-        when = (f"{r['seconds']:.1f} s of training" if r["reached"]
-                else f"not reached in {r['steps']} steps ({r['train_s_total']:.1f} s)")  # fmt: skip
-        curve = " ".join(f"{e['step']}:{e['mean']:.3f}" for e in r["evals"])
-        print(f"  {name:<12} {when}; start {r['start']:.3f}; sweeps step:mean {curve}")
-    ratio = "n/a" if g["ratio"] is None else f"{g['ratio']:.3f}"
-    print(f"  time to +10 points megatron-rl / TRL {g['bound']} {ratio}")

@@ -56,8 +56,7 @@ class Bench:
 
 def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
     """Per size (tiny, m20): synchronous step-time ratio (median of the interleaved repeats)
-    and the overlapped (one-step off-policy) one, step times, phases, tokens/s, accuracy; and
-    the time to +10 held-out points (``time_to_10``, a bound where a tool did not get there)."""
+    and the overlapped (one-step off-policy) one, step times, phases, tokens/s, accuracy."""
     keys = ("step_time_ratio", "step_cpu_ratio", "step_s", "trained_tokens_per_s",
             "response_tokens_per_s", "accuracy", "step_time_ratio_repeats")  # fmt: skip
     out: dict[str, Any] = {}
@@ -68,41 +67,38 @@ def _rl_vs_trl(r: dict[str, Any]) -> dict[str, Any]:
         if "overlapped" in res:
             over = res["overlapped"]
             out[size]["overlapped"] = {k: over[k] for k in ("label", "step_time_ratio", "step_s")}
-    if isinstance(g := r.get("time_to_10"), dict):
-        out["time_to_10"] = {
-            "ratio": g["ratio"],
-            "bound": g["bound"],
-            "text": gain_text(g),
-            "start": g["start"],
-            "steps": g["steps"],
-            **{f"{k}_s": g[k]["seconds"] for k in ("megatron_rl", "trl")},
-        }
     return out
 
 
-def gain_text(g: dict[str, Any]) -> str:
-    """The time-to-+10-points ratio as the README shows it, bound and reason included."""
+def _rl_vs_trl_gain(r: dict[str, Any]) -> dict[str, Any]:
+    """Time to +10 held-out points over paired seeds: per seed both tools' steps and seconds
+    and the ratio; the median ratio and its interval, like for like and for the demo recipe."""
+    st = r["time_to_10"]
+    per_seed = {
+        k: {"start": row["start"], "ratio": row["ratio"]["ratio"], "bound": row["ratio"]["bound"],
+            **{f"{arm}_{x}": row[arm][x] for arm in ("megatron_rl", "trl") for x in
+               ("steps", "seconds", "reached")}}
+        for k, row in st.get("per_seed", {}).items()
+    }  # fmt: skip
+    return {
+        "per_seed": per_seed,
+        "like_for_like": st["like_for_like"],
+        "demo_recipe": st["demo_recipe"],
+        "step_time_ratio": st["step_time_ratio"],
+        "text": gain_text(st["like_for_like"]),
+        "demo_text": gain_text(st["demo_recipe"]),
+    }
 
-    def within(name: str) -> str:  # a tool's own step count where it stopped at the cap
-        run = g.get(name, {})
-        steps = run.get("steps", g["steps"])
-        cap = f", {run['train_s_total']:.0f} s" if "train_s_total" in run else ""
-        return f"not reached in {steps} steps{cap}"
 
-    if g["ratio"] is None:
-        return (
-            f"neither tool reached +10 points (megatron-rl {within('megatron_rl')}; TRL "
-            f"{within('trl')})"
-        )
-    text = f"{g['ratio']:.3g}"
-    if g["bound"] == "=":
-        m, t = g["megatron_rl"]["seconds"], g["trl"]["seconds"]
-        return f"{text} ({m:.0f} s vs {t:.0f} s of training)"
-    if g["bound"] == "<=":
-        return f"<= {text} (TRL {within('trl')})"
-    if g["bound"] == ">=":
-        return f">= {text} (megatron-rl {within('megatron_rl')})"
-    return text
+def gain_text(s: dict[str, Any]) -> str:
+    """A time-to-+10 summary as the README shows it: median, interval, seeds, bounds."""
+    if "median" not in s:
+        return "no seed run yet"
+    ci = s.get("ci95")
+    ci_text = f"; 95% CI of the geometric mean {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""
+    kinds = ", ".join(sorted(set(s["seeds_not_equal"])))
+    bounds = f"; {len(s['seeds_not_equal'])} seed(s) a bound ({kinds})" if kinds else ""
+    return f"{s['median']:.2f}, median of {s['n']} seeds{ci_text}{bounds}"
 
 
 def _rollout(r: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +123,14 @@ BENCHES: dict[str, Bench] = {
         5400,
         _rl_vs_trl,
         quick_args=["--sizes", "tiny", "--steps", "2", "--prompts", "4", "--eval-n", "4"]
-        + ["--repeats", "1", "--gain-steps", "0", "--json", "{out}"],
+        + ["--repeats", "1", "--json", "{out}"],
+    ),
+    "rl_vs_trl_gain": Bench(  # stored seed by seed: runs only the seeds not stored yet
+        "benchmarks.rl_vs_trl_gain",
+        ["--json", "{out}"],
+        4 * 3600,
+        _rl_vs_trl_gain,
+        quick_args=["--quick", "--seeds", "1", "--json", "{out}"],
     ),
     "rollout": Bench(
         "benchmarks.rollout_engines",

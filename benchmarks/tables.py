@@ -61,8 +61,13 @@ HEADLINES = [  # (label, key in results.json) for the top-level README's table
         "rl_vs_trl.tiny.overlapped.step_time_ratio",
     ),
     (
-        "RL vs TRL, tiny: time to +10 held-out points, megatron-rl / TRL",
-        "rl_vs_trl.time_to_10.text",
+        "RL vs TRL, tiny: time to +10 held-out points, megatron-rl / TRL, like for like",
+        "rl_vs_trl_gain.text",
+    ),
+    (
+        "RL vs TRL, tiny: time to +10 held-out points, megatron-rl demo recipe / TRL (not like "
+        "for like: 2x generation, both cores)",
+        "rl_vs_trl_gain.demo_text",
     ),
     ("RL vs TRL, tiny: held-out accuracy, megatron-rl", "rl_vs_trl.tiny.accuracy.megatron_rl"),
     ("RL vs TRL, tiny: held-out accuracy, TRL", "rl_vs_trl.tiny.accuracy.trl"),

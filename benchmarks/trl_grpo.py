@@ -271,6 +271,8 @@ def main(spec_path: str) -> None:
         "accuracy": accuracy,
         "mean_before": clock.start_mean,
         "evals": clock.evals,
+        "reward": [float(h.get("reward", float("nan"))) for h in logs],  # mean over samples
+        "grad_norm": [float(h.get("grad_norm", float("nan"))) for h in logs],  # before clipping
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -309,21 +309,19 @@ def test_threads_are_passed_only_to_scripts_that_take_them(run_all: Any, tmp_pat
 
 
 def test_time_to_gain_is_a_bound_when_a_tool_does_not_get_there() -> None:
-    rvt = mod("rl_vs_trl")
-    run = {"evals": [{"step": 10, "train_s": 4.0, "mean": 0.45},
-                     {"step": 20, "train_s": 8.0, "mean": 0.52}]}  # fmt: skip
-    assert rvt.first_reach(run, 0.5) == 8.0 and rvt.first_reach(run, 0.6) is None
-    assert rvt.gain_ratio(8.0, 20.0, 9.0, 30.0) == {"ratio": 0.4, "bound": "="}
-    assert rvt.gain_ratio(8.0, None, 9.0, 32.0) == {"ratio": 0.25, "bound": "<="}
-    assert rvt.gain_ratio(None, 16.0, 8.0, 30.0) == {"ratio": 0.5, "bound": ">="}
-    assert rvt.gain_ratio(None, None, 8.0, 30.0)["ratio"] is None
-    assert rvt.median_index([0.5, 0.2, 0.9]) == 0 and rvt.median_index([0.3, 0.1]) == 1
-    ra = mod("run_all")
-    g = {"ratio": 0.25, "bound": "<=", "steps": 200, "start": 0.4,
-         "megatron_rl": {"seconds": 8.0}, "trl": {"seconds": None}}  # fmt: skip
-    h = ra._rl_vs_trl({"time_to_10": g})
-    assert h["time_to_10"]["text"] == "<= 0.25 (TRL not reached in 200 steps)"
-    assert h["time_to_10"]["megatron_rl_s"] == 8.0 and h["time_to_10"]["trl_s"] is None
+    g = mod("rl_vs_trl_gain")
+    evals = [{"step": 1, "train_s": 4.0, "mean": 0.45}, {"step": 2, "train_s": 8.0, "mean": 0.52}]
+    run = {"step_s": [4.0, 4.0, 4.0], "evals": evals}
+    assert g.reach(run, 0.5, 100.0) == {"reached": True, "steps": 2, "seconds": 8.0}
+    assert g.reach(run, 0.6, 100.0) == {"reached": False, "steps": 3, "seconds": 12.0}
+    hit = {"reached": True, "seconds": 8.0}
+    miss = {"reached": False, "seconds": 32.0}
+    assert g.ratio(hit, dict(hit, seconds=20.0)) == {"ratio": 0.4, "bound": "="}
+    assert g.ratio(hit, miss) == {"ratio": 0.25, "bound": "<="}
+    assert g.ratio(dict(miss, seconds=8.0), dict(hit, seconds=16.0)) == {"ratio": 0.5,
+                                                                         "bound": ">="}  # fmt: skip
+    assert g.ratio(miss, miss)["ratio"] is None
+    assert mod("rl_vs_trl").median_index([0.5, 0.2, 0.9]) == 0
 
 
 def test_megatron_run_sweeps_leave_eval_time_out(tmp_path: Path) -> None:
@@ -366,21 +364,50 @@ def test_trl_sweeps_are_left_out_of_the_step_clock(monkeypatch: pytest.MonkeyPat
 
 
 def test_time_to_gain_counts_each_tool_up_to_the_same_cap() -> None:
-    rvt = mod("rl_vs_trl")
-    run = {"steps": [{"step": 3.0}, {"step": 4.0, "eval": 1.0}, {"step": 3.0}, {"step": 3.0}],
-           "evals": [{"step": 2, "train_s": 6.0, "mean": 0.31}, {"step": 4, "train_s": 12.0,
-                                                                 "mean": 0.5}]}  # fmt: skip
-    assert rvt.within_cap(run, 6.0) == (2, 6.0)  # a step that ends on the cap is the last
-    assert rvt.within_cap(run, 7.0) == (3, 9.0)  # TRL stops after the step that passes it
-    assert rvt.within_cap(run, 100.0) == (4, 12.0)
-    assert rvt.within_cap({"steps": []}, 5.0) == (0, 0.0)
-    assert rvt.first_reach(run, 0.5) == 12.0 and rvt.first_reach(run, 0.5, 9.0) is None
-    ra = mod("run_all")
-    g = {"ratio": 0.4, "bound": "<=", "steps": 300, "megatron_rl": {"steps": 240},
-         "trl": {"steps": 61, "train_s_total": 604.2}}  # fmt: skip
-    assert ra.gain_text(g) == "<= 0.4 (TRL not reached in 61 steps, 604 s)"
-    g = {"ratio": 0.5, "bound": "=", "megatron_rl": {"seconds": 301.2}, "trl": {"seconds": 602.6}}
-    assert ra.gain_text(g) == "0.5 (301 s vs 603 s of training)"
+    g = mod("rl_vs_trl_gain")
+    run = {"step_s": [3.0, 3.0, 3.0, 3.0],
+           "evals": [{"step": 2, "train_s": 6.0, "mean": 0.31},
+                     {"step": 4, "train_s": 12.0, "mean": 0.5}]}  # fmt: skip
+    assert g.reach(run, 0.5, 6.0) == {"reached": False, "steps": 2, "seconds": 6.0}
+    assert g.reach(run, 0.5, 7.0) == {"reached": False, "steps": 3, "seconds": 9.0}
+    assert g.reach(run, 0.5, 100.0)["seconds"] == 12.0
+    assert g.reach({"step_s": [], "evals": []}, 0.5, 5.0)["steps"] == 0
+
+
+def _gain_run(seconds: list[float], means: list[float], start: float = 0.3) -> dict[str, Any]:
+    """A stored run of the gain study: a sweep after every step."""
+    evals = [{"step": i + 1, "train_s": sum(seconds[: i + 1]), "mean": m}
+             for i, m in enumerate(means)]  # fmt: skip
+    return {"step_s": seconds, "evals": evals, "start": start, "reward": [0.1] * len(seconds),
+            "grad_norm": [1.0] * len(seconds)}  # fmt: skip
+
+
+def test_time_to_gain_statistics_over_seeds() -> None:
+    """Per-seed targets from the like-for-like megatron-rl run's start; the median ratio and the
+    t interval of the geometric mean; bounds named; run_all's headline and README text."""
+    g = mod("rl_vs_trl_gain")
+    runs: dict[str, dict[str, Any]] = {"megatron_rl": {}, "trl": {}, "demo_recipe": {}}
+    for seed, (m_at, t_at) in {"1": (2, 4), "2": (1, 4), "3": (3, 4)}.items():
+        curve = lambda at: [0.3 if i + 1 < at else 0.41 for i in range(5)]  # noqa: E731
+        runs["megatron_rl"][seed] = _gain_run([1.0] * 5, curve(m_at))
+        runs["trl"][seed] = _gain_run([4.0] * 5, curve(t_at))
+    runs["demo_recipe"]["1"] = _gain_run([1.0] * 5, [0.3] * 5)  # never gets there
+    sec = {"settings": {"cap_s": 100.0}, "runs": runs}
+    st = g.compute({"sections": {"gain": sec}})
+    assert st["per_seed"]["1"]["ratio"] == {"ratio": 2 / 16, "bound": "="}
+    assert st["per_seed"]["1"]["target"] == pytest.approx(0.4)
+    lfl = st["like_for_like"]
+    assert lfl["n"] == 3 and lfl["median"] == pytest.approx(2 / 16)
+    assert lfl["geomean"] == pytest.approx((1 / 16 * 2 / 16 * 3 / 16) ** (1 / 3))
+    lo, hi = lfl["ci95"]
+    assert lo < lfl["geomean"] < hi and lfl["seeds_not_equal"] == []
+    assert st["demo_recipe"]["seeds_not_equal"] == [">="] and st["demo_recipe"]["n"] == 1
+    assert st["step_time_ratio"]["median"] == pytest.approx(0.25)
+    h = mod("run_all")._rl_vs_trl_gain({"time_to_10": st})
+    assert h["per_seed"]["2"]["megatron_rl_steps"] == 1 and h["per_seed"]["2"]["trl_seconds"] == 16
+    assert h["text"].startswith("0.12, median of 3 seeds; 95% CI of the geometric mean 0.")
+    assert h["demo_text"] == "0.31, median of 1 seeds; 1 seed(s) a bound (>=)"
+    assert "no seed" in mod("run_all").gain_text({"n": 0, "seeds_not_equal": []})
 
 
 def test_trl_run_stops_at_the_gain_or_the_cap() -> None:

@@ -41,7 +41,7 @@ from benchmarks.harness import OUT, ROOT, read_jsonl, step_rows
 from benchmarks.harness import train as harness_train
 from benchmarks.rl_vs_trl import CONFIG, DEMO, DIFFERENCES, SIZES, read_run, run_megatron, run_trl
 from benchmarks.studies import stored_runs
-from benchmarks.studies.scheduler_stats import t_quantile
+from benchmarks.studies.scheduler_stats import paired, t_quantile
 
 STORE = ROOT / "benchmarks" / "rl_vs_trl_gain.json"
 GAIN = 0.10  # the target: the seed's held-out start + 0.10
@@ -162,6 +162,20 @@ def summary(ratios: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def per_step_gap(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Mean over the sweeps both runs made at the same step of a's held-out mean minus b's: how
+    far apart the two curves are per step, whatever the time a step costs."""
+    at_b = {e["step"]: e["mean"] for e in b["evals"]}
+    gaps = [e["mean"] - at_b[e["step"]] for e in a["evals"] if e["step"] in at_b]
+    return sum(gaps) / len(gaps) if gaps else None
+
+
+def gaps(values: list[float | None]) -> dict[str, Any]:
+    """Paired per-seed gaps: mean, SE, 95% t interval (n = 0 when none)."""
+    got = [v for v in values if v is not None]
+    return paired(got) if got else {"n": 0}
+
+
 def step_ratio(row: dict[str, Any]) -> dict[str, Any]:
     """Mean step time (the first left out) megatron-rl / TRL, both running at once."""
     return {"ratio": row["megatron_rl"]["step_s_mean"] / row["trl"]["step_s_mean"], "bound": "="}
@@ -174,8 +188,8 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
         return {}
     cap = float(sec["settings"]["cap_s"])
     runs = sec["runs"]
-    paired = set(runs.get("megatron_rl", {})) & set(runs.get("trl", {}))
-    seeds = sorted(int(s) for s in paired)
+    both = set(runs.get("megatron_rl", {})) & set(runs.get("trl", {}))
+    seeds = sorted(int(s) for s in both)
     per_seed: dict[str, Any] = {}
     for s in seeds:
         k = str(s)
@@ -187,8 +201,10 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
                 row[arm] = reach(run, start + GAIN, cap)
                 row[arm]["step_s_mean"] = sum(run["step_s"][1:]) / max(len(run["step_s"]) - 1, 1)
         row["ratio"] = ratio(row["megatron_rl"], row["trl"])
+        row["per_step_gap"] = per_step_gap(runs["megatron_rl"][k], runs["trl"][k])
         if "demo_recipe" in row:
             row["demo_ratio"] = ratio(row["demo_recipe"], row["trl"])
+            row["demo_per_step_gap"] = per_step_gap(runs["demo_recipe"][k], runs["trl"][k])
         per_seed[k] = row
     rows = list(per_seed.values())
     return {
@@ -196,6 +212,8 @@ def compute(doc: dict[str, Any]) -> dict[str, Any]:
         "like_for_like": summary([r["ratio"] for r in rows]),
         "demo_recipe": summary([r["demo_ratio"] for r in rows if "demo_ratio" in r]),
         "step_time_ratio": summary([step_ratio(r) for r in rows]),
+        "per_step_gap": gaps([r["per_step_gap"] for r in rows]),
+        "demo_per_step_gap": gaps([r.get("demo_per_step_gap") for r in rows]),
     }
 
 
@@ -233,6 +251,14 @@ def report(st: dict[str, Any]) -> str:
     lines.append(f"time to +10, megatron-rl / TRL like for like: {_fmt(st['like_for_like'])}")
     lines.append(f"time to +10, demo recipe / TRL (not like for like): {_fmt(st['demo_recipe'])}")
     lines.append(f"step time, megatron-rl / TRL (both at once): {_fmt(st['step_time_ratio'])}")
+    for key, name in (("per_step_gap", "megatron-rl"), ("demo_per_step_gap", "demo recipe")):
+        g = st.get(key, {})
+        if g.get("n"):
+            se = f" (SE {g['se']:.4f})" if g["n"] > 1 else ""
+            lines.append(
+                f"held-out at equal steps, {name} - TRL (mean over shared sweeps): "
+                f"{g['mean']:+.4f}{se}, {g['positive']} of {g['n']} seeds above"
+            )
     return "\n".join(lines)
 
 
@@ -285,22 +311,27 @@ def run_seeds(a: argparse.Namespace, path: Path) -> int:
     arms = {arm: [json.dumps(settings, sort_keys=True)] for arm in ARMS}
     sec = stored_runs.section(doc, "gain", settings, arms)
     out = Path(a.run_dir)
-    for seed in a.seeds:
-        k, t0 = str(seed), time.time()
-        load = os.getloadavg()[0]
-        if not all(k in sec["runs"].get(arm, {}) for arm in ("megatron_rl", "trl")):
-            print(f"seed {seed}: megatron-rl and TRL at once (load {load:.1f})", flush=True)
-            for arm, run in run_pair(seed, settings, out / f"s{seed}").items():
-                sec["runs"].setdefault(arm, {})[k] = dict(run, load_avg_1m=load)
-            doc["stats"] = compute(doc)
-            stored_runs.write(path, doc)
-        if k not in sec["runs"].get("demo_recipe", {}):
-            print(f"seed {seed}: the demo recipe alone (load {os.getloadavg()[0]:.1f})", flush=True)
-            run = run_demo(seed, settings, out / f"s{seed}")
-            sec["runs"].setdefault("demo_recipe", {})[k] = dict(run, load_avg_1m=load)
-            doc["stats"] = compute(doc)
-            stored_runs.write(path, doc)
-        print(f"seed {seed}: stored ({time.time() - t0:.0f} s)", flush=True)
+    t0 = time.time()
+    for seed in a.seeds:  # the like-for-like pairs of every seed first, then the demo recipes
+        k, load = str(seed), os.getloadavg()[0]
+        if all(k in sec["runs"].get(arm, {}) for arm in ("megatron_rl", "trl")):
+            continue
+        print(f"seed {seed}: megatron-rl and TRL at once (load {load:.1f})", flush=True)
+        for arm, run in run_pair(seed, settings, out / f"s{seed}").items():
+            sec["runs"].setdefault(arm, {})[k] = dict(run, load_avg_1m=load)
+        doc["stats"] = compute(doc)
+        stored_runs.write(path, doc)
+        print(f"seed {seed}: pair stored, {time.time() - t0:.0f} s into the part", flush=True)
+    for seed in [] if a.like_for_like_only else a.seeds:
+        k, load = str(seed), os.getloadavg()[0]
+        if k in sec["runs"].get("demo_recipe", {}):
+            continue
+        print(f"seed {seed}: the demo recipe alone (load {load:.1f})", flush=True)
+        run = run_demo(seed, settings, out / f"s{seed}")
+        sec["runs"].setdefault("demo_recipe", {})[k] = dict(run, load_avg_1m=load)
+        doc["stats"] = compute(doc)
+        stored_runs.write(path, doc)
+        print(f"seed {seed}: demo recipe stored, {time.time() - t0:.0f} s into the part")
     doc["stats"] = compute(doc)
     stored_runs.write(path, doc)
     print(report(doc["stats"]))
@@ -324,15 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny settings, into a scratch file")
     p.add_argument("--store", default=None, help=f"the stored runs (default {STORE.name})")
     p.add_argument("--run-dir", default=None, help="runs' directories (default under out/)")
+    p.add_argument("--like-for-like-only", action="store_true", help="leave the demo recipe")
     p.add_argument("--json", default=None, help="write the statistics and traces here")
     p.add_argument("--threads", type=int, default=1, help="accepted for make bench; always 1")
     p.add_argument("--check", action="store_true", help="recompute every statistic and compare")
+    p.add_argument("--write", action="store_true", help="store the recomputed statistics")
     p.add_argument("--plot", default=None, nargs="?", const=str(ROOT / "docs" / "rl_vs_trl.png"))
     a = p.parse_args(argv)
     path = Path(a.store) if a.store else (OUT / "rl_vs_trl_gain.quick.json" if a.quick else STORE)
-    if a.check:
+    if a.check or a.write:
         doc = stored_runs.read(path)
-        return stored_runs.recheck(path, doc, json.loads(json.dumps(compute(doc))), False)
+        return stored_runs.recheck(path, doc, json.loads(json.dumps(compute(doc))), a.write)
     if a.plot:
         plot(stored_runs.read(path), Path(a.plot))
         print(f"wrote {a.plot}")

@@ -403,6 +403,9 @@ def test_time_to_gain_statistics_over_seeds() -> None:
     assert lo < lfl["geomean"] < hi and lfl["seeds_not_equal"] == []
     assert st["demo_recipe"]["seeds_not_equal"] == [">="] and st["demo_recipe"]["n"] == 1
     assert st["step_time_ratio"]["median"] == pytest.approx(0.25)
+    gap = st["per_step_gap"]  # per seed: megatron-rl's curve above TRL's at 2, 3, 1 sweeps of 5
+    assert gap["n"] == 3 and gap["mean"] == pytest.approx(0.11 * 6 / 15) and gap["positive"] == 3
+    assert st["demo_per_step_gap"]["n"] == 1 and st["demo_per_step_gap"]["mean"] < 0
     h = mod("run_all")._rl_vs_trl_gain({"time_to_10": st})
     assert h["per_seed"]["2"]["megatron_rl_steps"] == 1 and h["per_seed"]["2"]["trl_seconds"] == 16
     assert h["text"].startswith("0.12, median of 3 seeds; 95% CI of the geometric mean 0.")

@@ -19,7 +19,7 @@ geometric mean (log ratios). Each run also keeps its per-step training reward an
 Runs are stored seed by seed in ``benchmarks/rl_vs_trl_gain.json`` and reused: a seed already
 there under the same settings is not run again, so the study can be run in parts.
 
-    .venv/bin/python -m benchmarks.rl_vs_trl_gain [--seeds 1 2 3] [--quick] [--json out.json]
+    .venv/bin/python -m benchmarks.rl_vs_trl_gain [--seeds 1 2 3 4 5] [--quick] [--json out.json]
     .venv/bin/python -m benchmarks.rl_vs_trl_gain --check   # recompute every statistic
     .venv/bin/python -m benchmarks.rl_vs_trl_gain --plot    # docs/rl_vs_trl.png
 """
@@ -351,7 +351,7 @@ def results(doc: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--quick", action="store_true", help="tiny settings, into a scratch file")
     p.add_argument("--store", default=None, help=f"the stored runs (default {STORE.name})")
     p.add_argument("--run-dir", default=None, help="runs' directories (default under out/)")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -132,7 +133,8 @@ def run_megatron(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_run(run: Path) -> dict[str, Any]:
-    """A megatron-rl run's per-step phases, LRs, tokens, accuracies and periodic sweeps."""
+    """A megatron-rl run's per-step phases, LRs, tokens, accuracies, periodic sweeps, and its
+    per-step training reward (mean over the generated samples) and grad norm (before clipping)."""
     rows = step_rows(read_jsonl(run / "metrics.jsonl"))
     summary = read_summary(run)
     steps = [
@@ -158,6 +160,8 @@ def read_run(run: Path) -> dict[str, Any]:
         "accuracy_before": summary["eval_before"],
         "mean_before": summary.get("mean_before"),
         "evals": evals,
+        "reward": [float(r.get("rollout/reward_mean", math.nan)) for r in rows],
+        "grad_norm": [float(r.get("train/grad_norm", math.nan)) for r in rows],
     }  # fmt: skip
 
 

@@ -37,11 +37,11 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT, ROOT, read_jsonl, step_rows
+from benchmarks.harness import OUT, ROOT
 from benchmarks.harness import train as harness_train
 from benchmarks.rl_vs_trl import CONFIG, DEMO, DIFFERENCES, SIZES, read_run, run_megatron, run_trl
 from benchmarks.studies import stored_runs
-from benchmarks.studies.scheduler_stats import paired, t_quantile
+from benchmarks.studies.scheduler_stats import paired
 
 STORE = ROOT / "benchmarks" / "rl_vs_trl_gain.json"
 GAIN = 0.10  # the target: the seed's held-out start + 0.10
@@ -73,23 +73,14 @@ def demo_overrides(spec: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def traces(run_dir: Path) -> dict[str, list[float]]:
-    """Per-step training reward (mean over the generated samples) and grad norm."""
-    rows = step_rows(read_jsonl(run_dir / "metrics.jsonl"))
-    return {
-        "reward": [float(r.get("rollout/reward_mean", math.nan)) for r in rows],
-        "grad_norm": [float(r.get("train/grad_norm", math.nan)) for r in rows],
-    }
-
-
 def extract(run: dict[str, Any]) -> dict[str, Any]:
     """What the study keeps of a run: per-step seconds, sweeps, traces, its start."""
     return {
         "step_s": [s["step"] - s.get("eval", 0.0) for s in run["steps"]],
         "evals": run["evals"],
         "start": run.get("mean_before"),
-        "reward": run.get("reward", []),
-        "grad_norm": run.get("grad_norm", []),
+        "reward": run["reward"],
+        "grad_norm": run["grad_norm"],
     }
 
 
@@ -106,7 +97,6 @@ def run_pair(seed: int, settings: dict[str, Any], out: Path) -> dict[str, dict[s
         mrl = pool.submit(run_megatron, dict(spec, out=str(out / "mrl")))
         trl = pool.submit(run_trl, dict(spec, out=str(out / "trl"))).result()
         m = mrl.result()
-    m.update(traces(out / "mrl" / "mrl"))
     return {"megatron_rl": extract(m), "trl": extract(trl)}
 
 
@@ -114,9 +104,7 @@ def run_demo(seed: int, settings: dict[str, Any], out: Path) -> dict[str, Any]:
     """The demo's recipe as users run it, alone on the machine."""
     spec = spec_for(seed, settings, out / "demo")
     harness_train(CONFIG, demo_overrides(spec), timeout=spec["timeout"])
-    run = read_run(out / "demo" / "mrl")
-    run.update(traces(out / "demo" / "mrl"))
-    return extract(run)
+    return extract(read_run(out / "demo" / "mrl"))
 
 
 # ---- statistics (pure functions of the stored runs) ----
@@ -152,13 +140,10 @@ def summary(ratios: list[dict[str, Any]]) -> dict[str, Any]:
     if not vals:
         return out
     out["median"] = statistics.median(vals)
-    logs = [math.log(v) for v in vals]
-    mean = sum(logs) / len(logs)
-    out["geomean"] = math.exp(mean)
-    if len(logs) > 1:
-        se = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
-        half = t_quantile(0.975, len(logs) - 1) * se
-        out["ci95"] = [math.exp(mean - half), math.exp(mean + half)]
+    logs = paired([math.log(v) for v in vals])  # mean, SE and t interval of the log ratios
+    out["geomean"] = math.exp(logs["mean"])
+    if "ci95" in logs:
+        out["ci95"] = [math.exp(x) for x in logs["ci95"]]
     return out
 
 
@@ -312,25 +297,28 @@ def run_seeds(a: argparse.Namespace, path: Path) -> int:
     sec = stored_runs.section(doc, "gain", settings, arms)
     out = Path(a.run_dir)
     t0 = time.time()
+
+    def store(seed: int, runs: dict[str, dict[str, Any]], load: float) -> None:
+        """A seed's finished runs (by arm) into the document, written at once with its
+        statistics."""
+        for arm, run in runs.items():
+            sec["runs"].setdefault(arm, {})[str(seed)] = dict(run, load_avg_1m=load)
+        doc["stats"] = compute(doc)
+        stored_runs.write(path, doc)
+
     for seed in a.seeds:  # the like-for-like pairs of every seed first, then the demo recipes
         k, load = str(seed), os.getloadavg()[0]
         if all(k in sec["runs"].get(arm, {}) for arm in ("megatron_rl", "trl")):
             continue
         print(f"seed {seed}: megatron-rl and TRL at once (load {load:.1f})", flush=True)
-        for arm, run in run_pair(seed, settings, out / f"s{seed}").items():
-            sec["runs"].setdefault(arm, {})[k] = dict(run, load_avg_1m=load)
-        doc["stats"] = compute(doc)
-        stored_runs.write(path, doc)
+        store(seed, run_pair(seed, settings, out / f"s{seed}"), load)
         print(f"seed {seed}: pair stored, {time.time() - t0:.0f} s into the part", flush=True)
     for seed in [] if a.like_for_like_only else a.seeds:
         k, load = str(seed), os.getloadavg()[0]
         if k in sec["runs"].get("demo_recipe", {}):
             continue
         print(f"seed {seed}: the demo recipe alone (load {load:.1f})", flush=True)
-        run = run_demo(seed, settings, out / f"s{seed}")
-        sec["runs"].setdefault("demo_recipe", {})[k] = dict(run, load_avg_1m=load)
-        doc["stats"] = compute(doc)
-        stored_runs.write(path, doc)
+        store(seed, {"demo_recipe": run_demo(seed, settings, out / f"s{seed}")}, load)
         print(f"seed {seed}: demo recipe stored, {time.time() - t0:.0f} s into the part")
     doc["stats"] = compute(doc)
     stored_runs.write(path, doc)

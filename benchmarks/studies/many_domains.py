@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", default="dev")
     ap.add_argument("--quick", action="store_true", help="small and fast, into a scratch file")
     ap.add_argument("--seeds", type=int, nargs="*", help="only these of the part's seeds")
+    ap.add_argument("--arms", nargs="*", help="only these of the part's arms (names as listed)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     ap.add_argument("--json", default=None, help=f"default: {rel(str(DOC))} (quick: scratch)")
     ap.add_argument("--run-dir", default=str(OUT / "many_domains"))
@@ -290,10 +291,15 @@ def run_part(a: argparse.Namespace, path: Path) -> int:
         arms = {BASELINE: [], "uniform": ["scheduler.filter_zero_variance=false"], PRESCREEN: []}
         seeds = (1,)
     seeds = tuple(s for s in seeds if not a.seeds or s in a.seeds)
+    if a.arms and set(a.arms) - set(arms):
+        raise SystemExit(
+            f"--arms {sorted(set(a.arms) - set(arms))}: part {a.part} has {list(arms)}"
+        )
     name = "dev" if a.part.startswith("dev") else a.part
-    sec = stored_runs.section(doc, name, settings(a), arms)
-    jobs = stored_runs.todo(sec, arms, seeds)
-    print(f"part {a.part}: {len(jobs)} runs to do ({len(arms)} arms x seeds {list(seeds)})")
+    sec = stored_runs.section(doc, name, settings(a), arms)  # every arm's config is recorded
+    wanted = {k: v for k, v in arms.items() if not a.arms or k in a.arms}
+    jobs = stored_runs.todo(sec, wanted, seeds)
+    print(f"part {a.part}: {len(jobs)} runs to do ({len(wanted)} arms x seeds {list(seeds)})")
 
     def attempt(job: stored_runs.Job) -> dict[str, Any]:
         arm, s = job
@@ -311,9 +317,10 @@ def run_part(a: argparse.Namespace, path: Path) -> int:
         raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed: {failed}")
     from benchmarks.studies.many_report import curves_png, report
 
-    print(report(doc, screen, name))
+    shown = "report" if name == "arms" and "report" in doc["stats"] else name
+    print(report(doc, screen, shown))
     if not a.quick:  # the stored study's picture, beside its JSON
-        print(curves_png(doc, name, DOC.with_name(f"many_domains_{name}_curves.png")))
+        print(curves_png(doc, shown, DOC.with_name(f"many_domains_{shown}_curves.png")))
     return 0
 
 

@@ -22,15 +22,22 @@ def _ci(p: dict[str, Any] | None) -> str:
 
 
 def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
-    """One section's table: per arm the means over its seeds and the paired differences."""
+    """One section's table: per arm the means over its seeds (to target: the median generated
+    rollouts to +0.01 primary over the run's start, and how many runs got there) and the paired
+    differences
+    (``report``: the headroom and arms parts together, with the registered contrasts and the
+    win's criteria)."""
+    from benchmarks.studies.many_stats import REPORT_SECTIONS
+
     st = doc.get("stats", {}).get(section)
     if not st:
         return f"section {section}: no runs yet"
-    sec = doc["sections"][section]
+    names = REPORT_SECTIONS if section == "report" else (section,)
+    secs = [doc["sections"][n] for n in names]
     lines = [
-        f"section {section}: {sec['settings']}; primary = mean of {len(screen['primary'])} "
+        f"section {section}: {secs[0]['settings']}; primary = mean of {len(screen['primary'])} "
         "registered domains at the last sweep (sampled pass@1, T = 1)",
-        f"{'arm':34s} seeds primary   all   signal  regr  guard  worst family",
+        f"{'arm':34s} seeds primary   all   signal  regr  guard  to target  worst family",
     ]
     for arm, a in st["arms"].items():
         runs = st["runs"][arm]
@@ -38,19 +45,38 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
             {r["worst_family"] for r in runs.values()},
             key=lambda f: sum(r["worst_family"] == f for r in runs.values()),
         )
+        reach = [r["rollouts_to_target"] for r in runs.values() if r["rollouts_to_target"]]
+        target = f"{np.median(reach) / 1e3:5.0f}k {len(reach)}/{len(runs)}" if reach else "never"
         lines.append(
             f"{arm:34s} {len(a['seeds']):5d} {a['primary']:.4f} {a['all']:.4f} "
-            f"{a['signal_share']:.3f} {a['regressions']:5.2f} {a['guard_events']:5.2f}  "
-            f"{worst} ({a['worst_family_change']:.3f})"
+            f"{a['signal_share']:.3f} {a['regressions']:5.2f} {a['guard_events']:5.2f} "
+            f"{target:>10s}  {worst} ({a['worst_family_change']:.3f})"
         )
     for arm, a in st["arms"].items():
         if "vs_baseline_primary" in a:
             lines.append(f"{arm} - baseline, primary: {_ci(a['vs_baseline_primary'])}")
             lines.append(f"{' ' * len(arm)}   all domains: {_ci(a['vs_baseline_all'])}")
             lines.append(f"{' ' * len(arm)}   signal share: {_ci(a['vs_baseline_signal_share'])}")
-    secs = [r["seconds"] for runs in sec["runs"].values() for r in runs.values()]
-    if secs:
-        mean = {k: sum(s[k] for s in secs) / len(secs) for k in secs[0]}
+            lines.append(f"{' ' * len(arm)}   regressions: {_ci(a['vs_baseline_regressions'])}")
+    for name, c in st.get("contrasts", {}).items():
+        lines.append(f"{name}, primary: {_ci(c['primary'])}")
+        lines.append(f"{' ' * len(name)}   all domains: {_ci(c['all'])}")
+        lines.append(f"{' ' * len(name)}   regressions: {_ci(c['regressions'])}")
+    if "win" in st:
+        win = st["win"]
+        verdict = "met" if win["met"] else "not met" if win["complete"] else "not decided yet"
+        lines.append(f"the win (registered, all three): {verdict}")
+        for k, v in win["criteria"].items():
+            lines.append(f"  {'holds' if v['holds'] else 'fails'} on {v['seeds']} seeds: {k}")
+    secs_ = [
+        r["seconds"]
+        for sec in secs
+        for runs in sec["runs"].values()
+        for r in runs.values()
+        if "seconds" in r
+    ]
+    if secs_:
+        mean = {k: sum(s[k] for s in secs_) / len(secs_) for k in secs_[0]}
         share = mean["eval"] / mean["wall"] if mean["wall"] else math.nan
         lines.append(
             "seconds per run (mean): "

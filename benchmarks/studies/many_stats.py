@@ -19,7 +19,11 @@ Every figure of the study comes from the per-run extracts in ``many_domains.json
   the first sweep whose primary score is ``TARGET`` above the run's own step-0 score (None:
   never);
 * per arm, the paired differences against the baseline per seed, their mean, SE, 95% t interval
-  and one-sided 95% lower bound (``scheduler_stats.paired``).
+  and one-sided 95% lower bound (``scheduler_stats.paired``);
+* ``report``: the report seeds' two parts (``headroom``: the baseline and the oracle; ``arms``:
+  the other registered arms) paired together, the registered contrasts (adaptive minus
+  pre-screen, the temperature pair, the guard pair) and the win's three criteria, each with
+  the number of seeds it rests on; the win is decided only when all of them have every seed.
 
 ``python -m benchmarks.studies.many_stats [--json PATH]`` recomputes every section's statistics
 and exits 1 if any differs from the stored ones (``make test`` runs it on the committed file).
@@ -118,22 +122,96 @@ def section_stats(sec: dict[str, Any], screen: dict[str, Any], families: dict[st
         arm: {s: run_stats(r, primary, families, group) for s, r in sorted(runs.items())}
         for arm, runs in sorted(sec["runs"].items())
     }
-    out: dict[str, Any] = {"runs": per, "arms": {}}
-    base = per.get(sec.get("baseline", BASELINE), {})
+    return {"runs": per, "arms": arms_summary(per, sec.get("baseline", BASELINE))}
+
+
+def arms_summary(per: dict[str, dict[str, dict]], baseline: str) -> dict[str, Any]:
+    """Per arm its means over seeds and its paired differences against ``baseline``."""
+    out: dict[str, Any] = {}
     for arm, runs in per.items():
         a: dict[str, Any] = {"seeds": sorted(runs)}
         for key in ("primary", "all", "signal_share", "worst_family_change"):
             a[key] = float(np.mean([r[key] for r in runs.values()]))
         a["regressions"] = float(np.mean([len(r["regressions"]) for r in runs.values()]))
         a["guard_events"] = float(np.mean([r["guard_events"] for r in runs.values()]))
-        seeds = sorted(set(runs) & set(base))
-        if arm != sec.get("baseline", BASELINE) and len(seeds) >= 2:
-            for key in ("primary", "all", "signal_share"):
-                a[f"vs_baseline_{key}"] = paired([runs[s][key] - base[s][key] for s in seeds])
-            a["vs_baseline_regressions"] = paired(
-                [len(runs[s]["regressions"]) - len(base[s]["regressions"]) for s in seeds]
+        if arm != baseline:
+            a.update(
+                {f"vs_baseline_{k}": v for k, v in contrast(runs, per.get(baseline, {})).items()}
             )
-        out["arms"][arm] = a
+        out[arm] = a
+    return out
+
+
+def contrast(a: dict[str, dict], b: dict[str, dict]) -> dict[str, Any]:
+    """Arm ``a`` minus arm ``b`` paired per seed (both arms' runs of a seed; {} under 2 seeds)."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return {}
+    out = {
+        k: paired([a[s][k] - b[s][k] for s in seeds]) for k in ("primary", "all", "signal_share")
+    }
+    out["regressions"] = paired(
+        [len(a[s]["regressions"]) - len(b[s]["regressions"]) for s in seeds]
+    )
+    return out
+
+
+REPORT_SECTIONS = ("headroom", "arms")  # one set of report seeds and settings, two parts
+CONTRASTS = {  # the registered comparisons beside each arm minus the baseline
+    "adaptive - pre-screen": ("adaptive", "pre-screen"),
+    "temperature: adaptive 24+8 + temperature - adaptive 24+8": (
+        "adaptive 24+8 + temperature",
+        "adaptive 24+8",
+    ),
+    "guard: adaptive + guard - adaptive": ("adaptive + guard", "adaptive"),
+}
+WIN_PRESCREEN = -0.005  # adaptive minus pre-screen: its lower bound must be above this
+
+
+def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """The report seeds' arms of the headroom and arms parts together: every arm against
+    uniform + filter, the registered contrasts, and the win's three criteria (each with the
+    seeds it rests on; ``met`` only when every criterion has them all)."""
+    secs = [doc["sections"][n] for n in REPORT_SECTIONS]
+    if secs[0]["settings"] != secs[1]["settings"]:
+        raise ValueError(f"sections {REPORT_SECTIONS} differ in settings; they cannot pair")
+    per: dict[str, dict[str, dict]] = {}
+    for n in REPORT_SECTIONS:
+        for arm, runs in stats[n]["runs"].items():
+            if arm in per:
+                raise ValueError(f"arm {arm!r} is in both sections {REPORT_SECTIONS}")
+            per[arm] = runs
+    out: dict[str, Any] = {"runs": per, "arms": arms_summary(per, BASELINE), "contrasts": {}}
+    for name, (a, b) in CONTRASTS.items():
+        if a in per and b in per and contrast(per[a], per[b]):
+            out["contrasts"][name] = contrast(per[a], per[b])
+    adaptive = out["arms"].get("adaptive", {})
+    vs_pre = out["contrasts"].get("adaptive - pre-screen", {})
+    if "vs_baseline_primary" in adaptive:
+        crit = {
+            "adaptive - uniform + filter, primary: lower bound > 0": (
+                adaptive["vs_baseline_primary"]["lower95"] > 0,
+                adaptive["vs_baseline_primary"]["n"],
+            ),
+            f"adaptive - pre-screen, primary: lower bound > {WIN_PRESCREEN}": (
+                bool(vs_pre) and vs_pre["primary"]["lower95"] > WIN_PRESCREEN,
+                vs_pre["primary"]["n"] if vs_pre else 0,
+            ),
+            "adaptive - uniform + filter, all domains: mean >= 0": (
+                adaptive["vs_baseline_all"]["mean"] >= 0,
+                adaptive["vs_baseline_all"]["n"],
+            ),
+            "adaptive - uniform + filter, regressions: mean <= 0": (
+                adaptive["vs_baseline_regressions"]["mean"] <= 0,
+                adaptive["vs_baseline_regressions"]["n"],
+            ),
+        }
+        n_all = len(per[BASELINE])
+        out["win"] = {
+            "criteria": {k: {"holds": bool(h), "seeds": n} for k, (h, n) in crit.items()},
+            "complete": all(n == n_all for _, n in crit.values()),
+            "met": all(h and n == n_all for h, n in crit.values()),
+        }
     return out
 
 
@@ -142,11 +220,14 @@ def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
 
     names = set(screen["domains"])
     families = {d: family_of(d) for d in names}
-    return {
+    out = {
         name: section_stats(sec, screen, families)
         for name, sec in sorted(doc.get("sections", {}).items())
         if sec.get("runs")
     }
+    if all(n in out for n in REPORT_SECTIONS):
+        out["report"] = report_stats(doc, out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

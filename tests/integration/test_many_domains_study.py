@@ -62,6 +62,13 @@ def test_quick_mode_trains_two_arms_at_equal_generation(tmp_path) -> None:
     assert check.returncode == 0 and "agrees" in check.stdout, check.stdout + check.stderr
 
 
+def test_an_unknown_arm_is_refused_before_anything_runs(tmp_path) -> None:
+    out = tmp_path / "q.json.gz"
+    with pytest.raises(SystemExit, match=r"--arms \['nope'\]: part dev has .*uniform \+ filter"):
+        md.main(["--quick", "--arms", "uniform", "nope", "--json", str(out)])
+    assert not out.exists()
+
+
 def test_stored_study_recomputes() -> None:
     if not md.DOC.is_file():
         pytest.skip("no stored many-domain runs yet")

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from benchmarks.studies import many_stats as ms
+from benchmarks.studies.many_report import report
 from benchmarks.studies.many_screen import SCREEN, classify, family_of, load_screen, primary_set
 from benchmarks.studies.stored_runs import differences
 from domains.ladders import LADDERS, ladder_domains, ladder_of
@@ -103,6 +104,57 @@ def test_stats_recompute_detects_a_changed_number() -> None:
     assert differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"]) == []
     runs["oracle"]["2"]["sweeps"][-1]["acc"]["a"] += 0.05
     assert differences(json.loads(json.dumps(ms.compute(doc, screen))), doc["stats"])
+
+
+def _arm(gains: list[float], regress: bool = False) -> dict:
+    """One synthetic arm over seeds 1..n: domain a gains gains[i]; b falls by 0.2 if regress."""
+    end_b = 0.3 if regress else 0.5
+    return {
+        str(s): _run([{"a": 0.1, "b": 0.5}, {"a": 0.1 + g, "b": end_b}])
+        for s, g in enumerate(gains, 1)
+    }
+
+
+def test_report_pairs_the_two_parts_and_decides_the_win_only_on_every_seed() -> None:
+    screen = {"primary": ["a"], "domains": {"a": {}, "b": {}}}
+    base = [0.00, 0.01, 0.00, 0.02]
+    headroom = {ms.BASELINE: _arm(base), "oracle": _arm([0.05] * 4)}
+    arms = {
+        "adaptive": _arm([0.03, 0.05, 0.04, 0.06]),
+        "pre-screen": _arm([0.04, 0.05, 0.05, 0.06]),
+    }
+    sections = {
+        "headroom": {"settings": {"group": 8}, "runs": headroom},
+        "arms": {"settings": {"group": 8}, "runs": arms},
+    }
+    rep = ms.compute({"sections": sections}, screen)["report"]
+    assert set(rep["arms"]) == {ms.BASELINE, "oracle", "adaptive", "pre-screen"}
+    gain = rep["arms"]["adaptive"]["vs_baseline_primary"]
+    assert gain["n"] == 4 and gain["mean"] == pytest.approx(0.0375)
+    vs_pre = rep["contrasts"]["adaptive - pre-screen"]["primary"]
+    assert vs_pre["mean"] == pytest.approx(-0.005)  # lower bound below -0.005: fails
+    win = rep["win"]
+    assert win["complete"] and not win["met"]
+    assert [v["holds"] for v in win["criteria"].values()] == [True, False, True, True]
+    arms["pre-screen"] = _arm([0.03, 0.05, 0.04, 0.06])  # equal to adaptive: lb 0 > -0.005
+    doc = {
+        "sections": sections,
+        "stats": json.loads(json.dumps(ms.compute({"sections": sections}, screen))),
+    }
+    assert doc["stats"]["report"]["win"]["met"]
+    table = report(doc, screen, "report")
+    assert "the win (registered, all three): met" in table and "adaptive - pre-screen" in table
+    arms["adaptive"] = _arm([0.03, 0.05, 0.04, 0.06], regress=True)  # more regressions
+    assert not ms.compute({"sections": sections}, screen)["report"]["win"]["met"]
+    del arms["adaptive"]["4"]  # three of four seeds: nothing is decided
+    win = ms.compute({"sections": sections}, screen)["report"]["win"]
+    assert not win["complete"] and not win["met"]
+    arms[ms.BASELINE] = arms.pop("pre-screen")
+    with pytest.raises(ValueError, match="in both sections"):
+        ms.compute({"sections": sections}, screen)
+    sections["arms"]["settings"] = {"group": 4}
+    with pytest.raises(ValueError, match="differ in settings"):
+        ms.compute({"sections": sections}, screen)
 
 
 def test_heatmap_groups_rows_by_family_keeps_ladder_order_and_marks_events(tmp_path) -> None:

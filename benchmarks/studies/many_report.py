@@ -41,8 +41,8 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
     ]
     for arm, a in st["arms"].items():
         runs = st["runs"][arm]
-        worst = max(
-            {r["worst_family"] for r in runs.values()},
+        worst = max(  # the most frequent worst family (ties: the first by name)
+            sorted({r["worst_family"] for r in runs.values()}),
             key=lambda f: sum(r["worst_family"] == f for r in runs.values()),
         )
         reach = [r["rollouts_to_target"] for r in runs.values() if r["rollouts_to_target"]]

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.studies.many_stats import REPORT_SECTIONS
+
 
 def _ci(p: dict[str, Any] | None) -> str:
     if not p:
@@ -24,11 +26,8 @@ def _ci(p: dict[str, Any] | None) -> str:
 def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
     """One section's table: per arm the means over its seeds (to target: the median generated
     rollouts to +0.01 primary over the run's start, and how many runs got there) and the paired
-    differences
-    (``report``: the headroom and arms parts together, with the registered contrasts and the
-    win's criteria)."""
-    from benchmarks.studies.many_stats import REPORT_SECTIONS
-
+    differences (``report``: the headroom and arms parts together, with the registered
+    contrasts and the win's criteria)."""
     st = doc.get("stats", {}).get(section)
     if not st:
         return f"section {section}: no runs yet"
@@ -68,15 +67,15 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(f"the win (registered, all three): {verdict}")
         for k, v in win["criteria"].items():
             lines.append(f"  {'holds' if v['holds'] else 'fails'} on {v['seeds']} seeds: {k}")
-    secs_ = [
+    timings = [
         r["seconds"]
         for sec in secs
         for runs in sec["runs"].values()
         for r in runs.values()
         if "seconds" in r
     ]
-    if secs_:
-        mean = {k: sum(s[k] for s in secs_) / len(secs_) for k in secs_[0]}
+    if timings:
+        mean = {k: sum(t[k] for t in timings) / len(timings) for k in timings[0]}
         share = mean["eval"] / mean["wall"] if mean["wall"] else math.nan
         lines.append(
             "seconds per run (mean): "

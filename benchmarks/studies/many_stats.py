@@ -183,8 +183,9 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
             per[arm] = runs
     out: dict[str, Any] = {"runs": per, "arms": arms_summary(per, BASELINE), "contrasts": {}}
     for name, (a, b) in CONTRASTS.items():
-        if a in per and b in per and contrast(per[a], per[b]):
-            out["contrasts"][name] = contrast(per[a], per[b])
+        c = contrast(per[a], per[b]) if a in per and b in per else {}
+        if c:
+            out["contrasts"][name] = c
     adaptive = out["arms"].get("adaptive", {})
     vs_pre = out["contrasts"].get("adaptive - pre-screen", {})
     if "vs_baseline_primary" in adaptive:

@@ -131,40 +131,37 @@ def report_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
 def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """The pre-screen arm of one seed: PRESCREEN_GROUPS groups per domain at the base model on
     training prompts (T = 1), then uniform + filter over the domains with reward variance in
-    any of them, for the steps the budget has left."""
+    any of them, for the steps the budget has left. The screen is the library's
+    (``scheduler.prescreen_groups``, megatron_rl/controller/prescreen.py), run here apart from
+    the training run so that its cost comes off the run's steps."""
     import torch
 
     from megatron_rl.config import load_config
+    from megatron_rl.controller.prescreen import prescreen as screen_domains
     from megatron_rl.domains import load_domains
-    from megatron_rl.model.tokenizer import load_tokenizer, prompt_ids
-    from megatron_rl.rollout.base import GenRequest, SamplingParams
+    from megatron_rl.model.tokenizer import load_tokenizer
     from megatron_rl.rollout.build import build_engine
 
     torch.set_num_threads(1)
     cfg = load_config(CONFIG, overrides([], seed, a))
     domains = load_domains(cfg.domains.include, cfg.domains.exclude)
     engine = build_engine(cfg.rollout, cfg.model.hf_path, seed)
-    tok = load_tokenizer(cfg.model.hf_path)
-    tasks = [
-        d.task("train", 10**6 + i, d.levels[0], seed)  # apart from the run's own cursor
-        for d in domains.values()
-        for i in range(PRESCREEN_GROUPS)
-    ]
-    params = SamplingParams(
-        temperature=1.0, max_tokens=cfg.rollout.max_new_tokens, n=GROUP, seed=seed
-    )
-    outs = engine.generate([GenRequest(prompt_ids(tok, t.prompt), params) for t in tasks])
-    engine.shutdown()
-    signal = sorted(
-        {
-            t.domain
-            for t, o in zip(tasks, outs, strict=True)
-            if len({domains[t.domain].verify(t, c.text).score for c in o}) > 1
-        }
-    )
-    spent = -(-len(tasks) // PER_STEP)  # steps of generation the screen cost
-    cfg_list = [*static_arm(signal), f"train.steps={a.steps - spent}"]
-    return cfg_list, {"groups": len(tasks), "domains": signal, "steps_charged": spent}
+    try:
+        screen = screen_domains(
+            engine,
+            load_tokenizer(cfg.model.hf_path),
+            domains,
+            groups=PRESCREEN_GROUPS,
+            group_size=GROUP,
+            seed=seed,
+            max_tokens=cfg.rollout.max_new_tokens,
+            stop=cfg.rollout.stop,
+        )
+    finally:
+        engine.shutdown()
+    spent = -(-screen.groups // PER_STEP)  # steps of generation the screen cost
+    cfg_list = [*static_arm(screen.kept), f"train.steps={a.steps - spent}"]
+    return cfg_list, {"groups": screen.groups, "domains": screen.kept, "steps_charged": spent}
 
 
 def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[Arms, tuple]:
@@ -195,6 +192,7 @@ def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",
+        "scheduler.prescreen_groups=0",  # the config's default; the pre-screen arm screens apart
     ]
     if a.quick:
         out += [f"domains.include={json.dumps(QUICK_DOMAINS)}", "eval.samples_per_domain=8"]

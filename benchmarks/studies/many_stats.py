@@ -181,7 +181,7 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
             if arm in per:
                 raise ValueError(f"arm {arm!r} is in both sections {REPORT_SECTIONS}")
             per[arm] = runs
-    out: dict[str, Any] = {"runs": per, "arms": arms_summary(per, BASELINE), "contrasts": {}}
+    out: dict[str, Any] = {"arms": arms_summary(per, BASELINE), "contrasts": {}}
     for name, (a, b) in CONTRASTS.items():
         c = contrast(per[a], per[b]) if a in per and b in per else {}
         if c:
@@ -214,6 +214,13 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
             "met": all(h and n == n_all for h, n in crit.values()),
         }
     return out
+
+
+def section_runs(stats: dict[str, Any], section: str) -> dict[str, dict[str, dict]]:
+    """Per arm and seed the run statistics of ``section`` (``report``: those of its parts, which
+    are stored once, in the parts' own statistics)."""
+    names = REPORT_SECTIONS if section == "report" else (section,)
+    return {arm: runs for n in names for arm, runs in stats[n]["runs"].items()}
 
 
 def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,9 @@ can stop and resume; a stored run is reused only under the same settings and arm
 Parts (``--part``): ``dev`` (the baseline and the static candidates on the development seeds),
 ``dev-learned`` (the candidate built from the dev baseline runs), ``headroom`` (the baseline and
 the oracle, chosen on the dev seeds, on the report seeds), ``dev-adaptive`` (the adaptive
-variants on the dev seeds) and ``arms`` (the other registered arms on the report seeds).
+variants on the dev seeds), ``arms`` (the other registered arms on the report seeds) and
+``screened`` (the pre-screen inside the run, alone and with the adaptive mix, beside uniform +
+filter, on fresh seeds).
 ``--quick`` runs a small version into a scratch file (``make test``: three arms, one seed, four
 steps, eight domains; no timing).
 
@@ -36,6 +38,7 @@ from benchmarks.studies.scheduler_runs import even
 DOC = Path(__file__).with_name("many_domains.json.gz")
 DEV_SEEDS = (1, 2)  # development: the oracle and the adaptive options are chosen here
 REPORT_SEEDS = (41, 42, 43, 44, 45, 46, 47, 48)  # fixed 2026-12-05 before any run; never tuned on
+SCREENED_SEEDS = tuple(range(49, 57))  # the screened part's fresh seeds (registered 2026-12-05)
 STEPS, EVAL_EVERY, GROUP, PER_STEP = 600, 150, 8, 32
 QUICK_DOMAINS = [
     "ladder/chain_sum_t2_d1to2",
@@ -128,6 +131,19 @@ def report_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
     }
 
 
+def screened_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
+    """The screened part (docs/scheduler.md, "The pre-screen inside the run"): the shipped
+    config's pre-screen (``scheduler.prescreen_groups``, its groups charged as whole steps), alone
+    and with the adaptive mix, beside uniform + filter, on fresh seeds."""
+    charged = -(-PRESCREEN_GROUPS * len(screen["domains"]) // PER_STEP)
+    in_run = [f"scheduler.prescreen_groups={PRESCREEN_GROUPS}", f"train.steps={STEPS - charged}"]
+    return {
+        BASELINE: [],
+        "pre-screen (in the run)": in_run,
+        "pre-screen + adaptive": [*in_run, *adaptive_choice(doc, screen)],
+    }
+
+
 def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """The pre-screen arm of one seed: PRESCREEN_GROUPS groups per domain at the base model on
     training prompts (T = 1), then uniform + filter over the domains with reward variance in
@@ -181,7 +197,11 @@ def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[A
         return dict(ADAPTIVE_DEV), DEV_SEEDS
     if part == "arms":
         return report_arms(doc, screen), REPORT_SEEDS
-    raise SystemExit(f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive or arms")
+    if part == "screened":
+        return screened_arms(doc, screen), SCREENED_SEEDS
+    raise SystemExit(
+        f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive, arms or screened"
+    )
 
 
 def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
@@ -217,7 +237,10 @@ def extract(run: Path) -> dict[str, Any]:
         k: round(sum(r.get(f"time/{k}_s", 0.0) for r in rows), 1)
         for k in ("generate", "train", "eval", "step")
     }
+    screen = run / "prescreen.json"  # the run's own pre-screen (scheduler.prescreen_groups)
+    kept = json.loads(screen.read_text()) if screen.is_file() else None
     return {
+        **({"prescreen": {"groups": kept["groups"], "domains": kept["kept"]}} if kept else {}),
         "sweeps": sweeps,
         "generated": [int(r["rollout/groups_generated"]) for r in steps],
         "trained": [int(r["rollout/groups_trained"]) for r in steps],
@@ -303,7 +326,7 @@ def run_part(a: argparse.Namespace, path: Path) -> int:
         arm, s = job
         cfg, screened = prescreen(s, a) if arm == PRESCREEN else (arms[arm], None)
         ex = extract(run_one(cfg, f"{stored_runs.slug(arm)}-s{s}", s, a))
-        if screened:
+        if screened:  # the arm's screen ran apart from its run
             ex["prescreen"] = screened
         check_budget(f"{arm} seed {s}", ex, cfg, a.steps)
         return ex

@@ -62,6 +62,13 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(f"{name}, primary: {_ci(c['primary'])}")
         lines.append(f"{' ' * len(name)}   all domains: {_ci(c['all'])}")
         lines.append(f"{' ' * len(name)}   regressions: {_ci(c['regressions'])}")
+    rep = doc["stats"].get("replication") if section == "screened" else None
+    if rep and "fresh" in rep:
+        verdict = "holds" if rep["holds"] else "fails"
+        verdict = verdict if rep["complete"] else f"not decided yet ({verdict} so far)"
+        lines.append(f"replication of the pre-screen (registered): {verdict}")
+        lines.append(f"  fresh seeds, in the run - baseline: {_ci(rep['fresh'])}")
+        lines.append(f"  pooled with the report seeds: {_ci(rep['pooled'])}")
     if "win" in st:
         win = st["win"]
         verdict = "met" if win["met"] else "not met" if win["complete"] else "not decided yet"

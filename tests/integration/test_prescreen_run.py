@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.studies import many_domains as md
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +63,12 @@ def test_a_run_screens_once_like_the_study_arm_and_plans_only_what_it_kept(tmp_p
     for d in screen["dropped"]:
         assert first[f"sched/{d}/weight"] == 0.0, d
     assert all(first[f"sched/{d}/weight"] > 0 for d in screen["kept"])
+    # the study's extract of such a run (its screened part): the screen in, the budget checked
+    ex = md.extract(run)
+    assert ex["prescreen"] == {"groups": screen["groups"], "domains": screen["kept"]}
+    md.check_budget("p", ex, ["scheduler.prescreen_groups=2"], steps=2 + 1)
+    with pytest.raises(RuntimeError, match="more than the budget"):  # the screen counts
+        md.check_budget("p", ex, ["scheduler.prescreen_groups=2"], steps=2)
     # resumed: no second screen, the count goes on from the checkpoint
     train(tmp_path, steps=3)
     events = [e for e in rows(run / "events.jsonl") if e["event"] == "prescreen"]

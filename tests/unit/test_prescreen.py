@@ -130,3 +130,21 @@ def test_refuses_a_screen_that_cannot_see_variance(groups: int, size: int) -> No
 def test_config_refuses_a_negative_count() -> None:
     with pytest.raises(ValueError, match="scheduler.prescreen_groups must be >= 0"):
         SchedulerConfig(prescreen_groups=-1).validate()
+
+
+def test_uniform_over_the_kept_domains_plans_as_the_study_arm_static_mix() -> None:
+    """The in-run screen excludes; the study's arm gave static even weights: the same plans."""
+    from benchmarks.studies.scheduler_runs import even
+    from megatron_rl.scheduler import DomainInfo, DomainScheduler
+
+    names = [f"d/{i:02d}" for i in range(40)]
+    kept = names[3:40:4]
+    infos = [DomainInfo(n, "long_tail", [0], []) for n in names]
+    excluding = DomainScheduler(SchedulerConfig(), infos, 3)
+    for n in set(names) - set(kept):
+        excluding.exclude(n)
+    static = DomainScheduler(SchedulerConfig(policy="static", weights=even(kept)), infos, 3)
+    for step in range(20):
+        plan = [g.domain for g in excluding.plan(step, 32)]
+        assert plan == [g.domain for g in static.plan(step, 32)]
+        assert set(plan) <= set(kept) and len(set(plan)) == len(kept)

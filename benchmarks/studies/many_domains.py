@@ -12,7 +12,9 @@ can stop and resume; a stored run is reused only under the same settings and arm
 Parts (``--part``): ``dev`` (the baseline and the static candidates on the development seeds),
 ``dev-learned`` (the candidate built from the dev baseline runs), ``headroom`` (the baseline and
 the oracle, chosen on the dev seeds, on the report seeds), ``dev-adaptive`` (the adaptive
-variants on the dev seeds) and ``arms`` (the other registered arms on the report seeds).
+variants on the dev seeds), ``arms`` (the other registered arms on the report seeds) and
+``screened`` (the pre-screen inside the run, alone and with the adaptive mix, beside uniform +
+filter, on fresh seeds).
 ``--quick`` runs a small version into a scratch file (``make test``: three arms, one seed, four
 steps, eight domains; no timing).
 
@@ -36,6 +38,7 @@ from benchmarks.studies.scheduler_runs import even
 DOC = Path(__file__).with_name("many_domains.json.gz")
 DEV_SEEDS = (1, 2)  # development: the oracle and the adaptive options are chosen here
 REPORT_SEEDS = (41, 42, 43, 44, 45, 46, 47, 48)  # fixed 2026-12-05 before any run; never tuned on
+SCREENED_SEEDS = tuple(range(49, 57))  # the screened part's fresh seeds (registered 2026-12-05)
 STEPS, EVAL_EVERY, GROUP, PER_STEP = 600, 150, 8, 32
 QUICK_DOMAINS = [
     "ladder/chain_sum_t2_d1to2",
@@ -128,43 +131,53 @@ def report_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
     }
 
 
+def screened_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
+    """The screened part (docs/scheduler.md, "The pre-screen inside the run"): the shipped
+    config's pre-screen (``scheduler.prescreen_groups``, its groups charged as whole steps), alone
+    and with the adaptive mix, beside uniform + filter, on fresh seeds."""
+    charged = -(-PRESCREEN_GROUPS * len(screen["domains"]) // PER_STEP)
+    in_run = [f"scheduler.prescreen_groups={PRESCREEN_GROUPS}", f"train.steps={STEPS - charged}"]
+    return {
+        BASELINE: [],
+        "pre-screen (in the run)": in_run,
+        "pre-screen + adaptive": [*in_run, *adaptive_choice(doc, screen)],
+    }
+
+
 def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """The pre-screen arm of one seed: PRESCREEN_GROUPS groups per domain at the base model on
     training prompts (T = 1), then uniform + filter over the domains with reward variance in
-    any of them, for the steps the budget has left."""
+    any of them, for the steps the budget has left. The screen is the library's
+    (``scheduler.prescreen_groups``, megatron_rl/controller/prescreen.py), run here apart from
+    the training run so that its cost comes off the run's steps."""
     import torch
 
     from megatron_rl.config import load_config
+    from megatron_rl.controller.prescreen import prescreen as screen_domains
     from megatron_rl.domains import load_domains
-    from megatron_rl.model.tokenizer import load_tokenizer, prompt_ids
-    from megatron_rl.rollout.base import GenRequest, SamplingParams
+    from megatron_rl.model.tokenizer import load_tokenizer
     from megatron_rl.rollout.build import build_engine
 
     torch.set_num_threads(1)
     cfg = load_config(CONFIG, overrides([], seed, a))
     domains = load_domains(cfg.domains.include, cfg.domains.exclude)
     engine = build_engine(cfg.rollout, cfg.model.hf_path, seed)
-    tok = load_tokenizer(cfg.model.hf_path)
-    tasks = [
-        d.task("train", 10**6 + i, d.levels[0], seed)  # apart from the run's own cursor
-        for d in domains.values()
-        for i in range(PRESCREEN_GROUPS)
-    ]
-    params = SamplingParams(
-        temperature=1.0, max_tokens=cfg.rollout.max_new_tokens, n=GROUP, seed=seed
-    )
-    outs = engine.generate([GenRequest(prompt_ids(tok, t.prompt), params) for t in tasks])
-    engine.shutdown()
-    signal = sorted(
-        {
-            t.domain
-            for t, o in zip(tasks, outs, strict=True)
-            if len({domains[t.domain].verify(t, c.text).score for c in o}) > 1
-        }
-    )
-    spent = -(-len(tasks) // PER_STEP)  # steps of generation the screen cost
-    cfg_list = [*static_arm(signal), f"train.steps={a.steps - spent}"]
-    return cfg_list, {"groups": len(tasks), "domains": signal, "steps_charged": spent}
+    try:
+        screen = screen_domains(
+            engine,
+            load_tokenizer(cfg.model.hf_path),
+            domains,
+            groups=PRESCREEN_GROUPS,
+            group_size=GROUP,
+            seed=seed,
+            max_tokens=cfg.rollout.max_new_tokens,
+            stop=cfg.rollout.stop,
+        )
+    finally:
+        engine.shutdown()
+    spent = -(-screen.groups // PER_STEP)  # steps of generation the screen cost
+    cfg_list = [*static_arm(screen.kept), f"train.steps={a.steps - spent}"]
+    return cfg_list, {"groups": screen.groups, "domains": screen.kept, "steps_charged": spent}
 
 
 def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[Arms, tuple]:
@@ -184,7 +197,11 @@ def part_arms(part: str, doc: dict[str, Any], screen: dict[str, Any]) -> tuple[A
         return dict(ADAPTIVE_DEV), DEV_SEEDS
     if part == "arms":
         return report_arms(doc, screen), REPORT_SEEDS
-    raise SystemExit(f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive or arms")
+    if part == "screened":
+        return screened_arms(doc, screen), SCREENED_SEEDS
+    raise SystemExit(
+        f"--part {part!r}: choose dev, dev-learned, headroom, dev-adaptive, arms or screened"
+    )
 
 
 def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
@@ -195,6 +212,7 @@ def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",
+        "scheduler.prescreen_groups=0",  # the config's default; the pre-screen arm screens apart
     ]
     if a.quick:
         out += [f"domains.include={json.dumps(QUICK_DOMAINS)}", "eval.samples_per_domain=8"]
@@ -219,7 +237,10 @@ def extract(run: Path) -> dict[str, Any]:
         k: round(sum(r.get(f"time/{k}_s", 0.0) for r in rows), 1)
         for k in ("generate", "train", "eval", "step")
     }
+    screen = run / "prescreen.json"  # the run's own pre-screen (scheduler.prescreen_groups)
+    kept = json.loads(screen.read_text()) if screen.is_file() else None
     return {
+        **({"prescreen": {"groups": kept["groups"], "domains": kept["kept"]}} if kept else {}),
         "sweeps": sweeps,
         "generated": [int(r["rollout/groups_generated"]) for r in steps],
         "trained": [int(r["rollout/groups_trained"]) for r in steps],
@@ -305,7 +326,7 @@ def run_part(a: argparse.Namespace, path: Path) -> int:
         arm, s = job
         cfg, screened = prescreen(s, a) if arm == PRESCREEN else (arms[arm], None)
         ex = extract(run_one(cfg, f"{stored_runs.slug(arm)}-s{s}", s, a))
-        if screened:
+        if screened:  # the arm's screen ran apart from its run
             ex["prescreen"] = screened
         check_budget(f"{arm} seed {s}", ex, cfg, a.steps)
         return ex

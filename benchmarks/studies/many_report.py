@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.studies.many_stats import REPORT_SECTIONS
+from benchmarks.studies.many_stats import REPORT_SECTIONS, section_runs
 
 
 def _ci(p: dict[str, Any] | None) -> str:
@@ -38,8 +38,9 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         "registered domains at the last sweep (sampled pass@1, T = 1)",
         f"{'arm':34s} seeds primary   all   signal  regr  guard  to target  worst family",
     ]
+    per = section_runs(doc["stats"], section)
     for arm, a in st["arms"].items():
-        runs = st["runs"][arm]
+        runs = per[arm]
         worst = max(  # the most frequent worst family (ties: the first by name)
             sorted({r["worst_family"] for r in runs.values()}),
             key=lambda f: sum(r["worst_family"] == f for r in runs.values()),
@@ -61,6 +62,13 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(f"{name}, primary: {_ci(c['primary'])}")
         lines.append(f"{' ' * len(name)}   all domains: {_ci(c['all'])}")
         lines.append(f"{' ' * len(name)}   regressions: {_ci(c['regressions'])}")
+    rep = doc["stats"].get("replication") if section == "screened" else None
+    if rep and "fresh" in rep:
+        verdict = "holds" if rep["holds"] else "fails"
+        verdict = verdict if rep["complete"] else f"not decided yet ({verdict} so far)"
+        lines.append(f"replication of the pre-screen (registered): {verdict}")
+        lines.append(f"  fresh seeds, in the run - baseline: {_ci(rep['fresh'])}")
+        lines.append(f"  pooled with the report seeds: {_ci(rep['pooled'])}")
     if "win" in st:
         win = st["win"]
         verdict = "met" if win["met"] else "not met" if win["complete"] else "not decided yet"
@@ -98,7 +106,7 @@ def curves_png(doc: dict[str, Any], section: str, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for i, (arm, runs) in enumerate(st["runs"].items()):
+    for i, (arm, runs) in enumerate(section_runs(doc["stats"], section).items()):
         color = plt.get_cmap("tab10")(i % 10)
         curves = [np.asarray(r["curve"], dtype=float) for r in runs.values()]
         for c in curves:

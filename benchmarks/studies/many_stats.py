@@ -23,7 +23,12 @@ Every figure of the study comes from the per-run extracts in ``many_domains.json
 * ``report``: the report seeds' two parts (``headroom``: the baseline and the oracle; ``arms``:
   the other registered arms) paired together, the registered contrasts (adaptive minus
   pre-screen, the temperature pair, the guard pair) and the win's three criteria, each with
-  the number of seeds it rests on; the win is decided only when all of them have every seed.
+  the number of seeds it rests on; the win is decided only when all of them have every seed;
+* a part's own registered contrasts (``SECTION_CONTRASTS``: the screened part's pre-screen +
+  adaptive minus the pre-screen), after checking that its screened arms screened alike;
+* ``replication``: the pre-screen minus uniform + filter on the screened part's fresh seeds, and
+  pooled with the report seeds' pre-screen arm (docs/scheduler.md, "The pre-screen inside the
+  run").
 
 ``python -m benchmarks.studies.many_stats [--json PATH]`` recomputes every section's statistics
 and exits 1 if any differs from the stored ones (``make test`` runs it on the committed file).
@@ -165,6 +170,15 @@ CONTRASTS = {  # the registered comparisons beside each arm minus the baseline
     ),
     "guard: adaptive + guard - adaptive": ("adaptive + guard", "adaptive"),
 }
+SECTION_CONTRASTS = {  # registered comparisons inside one part, besides each arm - baseline
+    "screened": {
+        "pre-screen + adaptive - pre-screen (in the run)": (
+            "pre-screen + adaptive",
+            "pre-screen (in the run)",
+        )
+    }
+}
+FRESH_SEEDS = 8  # the screened part's registered seeds (49-56): the replication needs them all
 WIN_PRESCREEN = -0.005  # adaptive minus pre-screen: its lower bound must be above this
 
 
@@ -181,7 +195,7 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
             if arm in per:
                 raise ValueError(f"arm {arm!r} is in both sections {REPORT_SECTIONS}")
             per[arm] = runs
-    out: dict[str, Any] = {"runs": per, "arms": arms_summary(per, BASELINE), "contrasts": {}}
+    out: dict[str, Any] = {"arms": arms_summary(per, BASELINE), "contrasts": {}}
     for name, (a, b) in CONTRASTS.items():
         c = contrast(per[a], per[b]) if a in per and b in per else {}
         if c:
@@ -216,6 +230,13 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def section_runs(stats: dict[str, Any], section: str) -> dict[str, dict[str, dict]]:
+    """Per arm and seed the run statistics of ``section`` (``report``: those of its parts, which
+    are stored once, in the parts' own statistics)."""
+    names = REPORT_SECTIONS if section == "report" else (section,)
+    return {arm: runs for n in names for arm, runs in stats[n]["runs"].items()}
+
+
 def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.studies.many_screen import family_of
 
@@ -226,9 +247,55 @@ def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
         for name, sec in sorted(doc.get("sections", {}).items())
         if sec.get("runs")
     }
+    for name, contrasts in SECTION_CONTRASTS.items():
+        if name not in out:
+            continue
+        runs = out[name]["runs"]
+        same_screen(doc["sections"][name]["runs"], [a for pair in contrasts.values() for a in pair])
+        out[name]["contrasts"] = {
+            k: c
+            for k, (a, b) in contrasts.items()
+            if (c := contrast(runs.get(a, {}), runs.get(b, {})))
+        }
     if all(n in out for n in REPORT_SECTIONS):
         out["report"] = report_stats(doc, out)
+    if "screened" in out and "report" in out:
+        out["replication"] = replication(out)
     return out
+
+
+def replication(stats: dict[str, Any]) -> dict[str, Any]:
+    """The registered replication of the pre-screen (docs/scheduler.md, "The pre-screen inside
+    the run"): its difference from uniform + filter on the fresh seeds, and pooled with the
+    report seeds' pre-screen arm, each seed paired with its own baseline run."""
+    parts = {
+        "report": (section_runs(stats, "report"), "pre-screen"),
+        "screened": (stats["screened"]["runs"], "pre-screen (in the run)"),
+    }
+    diffs: dict[str, list[float]] = {}
+    for name, (runs, arm) in parts.items():
+        a, b = runs.get(arm, {}), runs.get(BASELINE, {})
+        diffs[name] = [a[s]["primary"] - b[s]["primary"] for s in sorted(set(a) & set(b))]
+    fresh, pooled = diffs["screened"], diffs["report"] + diffs["screened"]
+    out: dict[str, Any] = {"seeds": {k: len(v) for k, v in diffs.items()}}
+    if len(fresh) >= 2:
+        out["fresh"] = paired(fresh)
+        out["pooled"] = paired(pooled)
+        out["holds"] = bool(out["fresh"]["mean"] > 0 and out["pooled"]["lower95"] > 0)
+    out["complete"] = len(fresh) == FRESH_SEEDS
+    return out
+
+
+def same_screen(runs: dict[str, dict[str, Run]], arms: list[str]) -> None:
+    """Arms that pre-screen inside the run screen alike: one seed, one kept set (the screen
+    depends on the base weights and the seed only); ValueError otherwise."""
+    kept: dict[str, tuple[str, list[str]]] = {}
+    for arm in arms:
+        for seed, run in runs.get(arm, {}).items():
+            got = run.get("prescreen", {}).get("domains")
+            if seed in kept and kept[seed][1] != got:
+                raise ValueError(f"seed {seed}: {arm} kept other domains than {kept[seed][0]}")
+            kept.setdefault(seed, (arm, got))
 
 
 def main(argv: list[str] | None = None) -> int:

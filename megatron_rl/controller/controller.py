@@ -15,6 +15,7 @@ checkpoint file only; its RNG state is rank 0's, saved with every rank's as befo
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ from megatron_rl.controller.engine import finish, start_engine
 from megatron_rl.controller.generate import RolloutProducer, rollout_metrics
 from megatron_rl.controller.groups import Group
 from megatron_rl.controller.monitoring import log_samples, monitor_step
+from megatron_rl.controller.prescreen import prescreen
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.evaluation import levels as level_eval
 from megatron_rl.evaluation.prompt_cache import PromptCache
@@ -95,6 +97,15 @@ class Controller:
         self.eval_before = state.get("eval_before") or self.evaluate(-1, with_train=True)
         self.levels_before = state.get("levels_before") or self.level_sweep()
         self.startup["eval_before_s"] = lap()
+        # the pre-screen runs once, at a fresh start; a resumed run keeps its result
+        self.screen = state.get("prescreen", {}) if state else self._prescreen()
+        if self.screen and not state:
+            self.startup["prescreen_s"] = lap()
+        elif state and cfg.scheduler.prescreen_groups and not self.screen:
+            log.warning(
+                "scheduler.prescreen_groups is set, but this run started without a "
+                "pre-screen: it resumes without one (the screen runs before step 0 only)"
+            )
         log.info("start-up, seconds: %s", self.startup)
         self.wall0 = time.time() - state.get("wall_s", 0.0)
         self.producer = RolloutProducer(
@@ -124,6 +135,45 @@ class Controller:
             cache=PromptCache(d.cache) if d.cache else None,
             fits=lambda t: fits(t.prompt),
         )
+
+    def _prescreen(self) -> dict[str, Any]:
+        """``scheduler.prescreen_groups`` groups per domain at the base policy, once, before step
+        0: the domains without reward variance leave the mix (controller/prescreen.py). Charged
+        to the rollout budget; the result goes in the checkpoint and ``prescreen.json``."""
+        cfg = self.cfg
+        if cfg.scheduler.prescreen_groups <= 0:
+            return {}
+        temps = dict(zip(self.sched.names, self.sched.temperatures(), strict=True))
+        fits = prompt_fits(self.rt.tokenizer, self.admission.limit)
+        screen = prescreen(
+            self.engine,
+            self.rt.tokenizer,
+            self.domains,
+            groups=cfg.scheduler.prescreen_groups,
+            group_size=cfg.rl.group_size,
+            seed=cfg.seed,
+            max_tokens=cfg.rollout.max_new_tokens,
+            temperature=lambda name: float(temps[name]),
+            stop=cfg.rollout.stop,
+            draw=self.guard.tasks,
+            verify=self.guard.verify,
+            fits=lambda t: fits(t.prompt),
+        )
+        dropped = sorted(set(self.domains) - set(screen.kept))
+        for name in dropped:
+            self.sched.exclude(name)
+        self.generated += screen.groups
+        out = {**screen.to_json(), "dropped": dropped}
+        (self.rt.run_dir / "prescreen.json").write_text(json.dumps(out, indent=1) + "\n")
+        self.rt.tracker.event(
+            0,
+            "prescreen",
+            groups=screen.groups,
+            kept=len(screen.kept),
+            dropped=len(dropped),
+            unscreened=len(screen.unscreened),
+        )
+        return out
 
     def rollout(
         self, step: int, t: Timer
@@ -270,6 +320,7 @@ class Controller:
             "wall_s": time.time() - self.wall0,
             "health": self.guard.health.state_dict(),
             "generated_groups": self.generated,
+            "prescreen": self.screen,
             "constraints": self.prices.state_dict(),
         }
 

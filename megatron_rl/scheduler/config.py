@@ -62,6 +62,9 @@ class SchedulerConfig:
     # --- zero-variance filter ------------------------------------------------------------------
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal and refill
     oversample: float = 1.0  # generated / trained groups when filtering (extras refill drops)
+    prescreen_groups: int = 0  # before step 0, this many groups per domain at the base policy;
+    # the mix then plans only the domains with reward variance in one of them (0: off; charged
+    # to the rollout budget; megatron_rl/controller/prescreen.py)
     fill_batch: bool = False  # refill short: also train the zero-variance groups that fill the
     # batch (advantage 0, they only count in the loss normaliser) so every step trains exactly
     # rl.prompts_per_step groups; false: train only the groups with signal
@@ -101,6 +104,11 @@ class SchedulerConfig:
             raise ValueError(
                 "scheduler.dynamic_sampling needs scheduler.filter_zero_variance: true (it "
                 "generates until enough groups with reward variance are in hand)"
+            )
+        if self.prescreen_groups < 0:
+            raise ValueError(
+                f"scheduler.prescreen_groups must be >= 0 (0: no pre-screen), got "
+                f"{self.prescreen_groups}"
             )
         if self.dynamic_target < 0 or self.dynamic_max_rounds < 1:
             raise ValueError(

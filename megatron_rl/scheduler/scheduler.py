@@ -91,7 +91,8 @@ class DomainScheduler:
         self.excluded = np.zeros(n, bool)  # quarantined domains: never planned again
 
     def exclude(self, name: str) -> None:
-        """Stop planning ``name`` (a quarantined domain); the others share its weight."""
+        """Stop planning ``name`` (a quarantined domain, or one the pre-screen found without
+        reward variance); the others share its weight."""
         if name not in self.pos:
             raise ValueError(f"exclude: unknown domain {name!r}")
         if self.excluded.sum() + (not self.excluded[self.pos[name]]) >= len(self.names):

@@ -204,7 +204,9 @@ def test_off_policy_prefetch_with_two_ranks(runs: Path) -> None:
 
 def test_kill_two_rank_run_mid_step_and_resume(data: Path) -> None:
     run = data / "runs" / "killed"
-    overrides = [*base_overrides(data, steps=4), "run_name=killed"]
+    # with the pre-screen on: rank 0 screens before step 0 while rank 1 waits, and the resumed
+    # run takes the checkpointed result instead of screening again
+    overrides = [*base_overrides(data, steps=4), "run_name=killed", "scheduler.prescreen_groups=1"]
     cmd = [*TORCHRUN, "--nproc_per_node", "2", "-m", "launch.cli", "train", str(CONFIG), *overrides]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -223,6 +225,12 @@ def test_kill_two_rank_run_mid_step_and_resume(data: Path) -> None:
     assert set(states[0]["trainer"]) >= {"scheduler", "cursor"}  # the controller's, once
     assert states[1]["trainer"] == {} and states[1]["model"] and states[1]["optimizer"]
     assert json.loads((run / "summary.json").read_text())["completed"] is True
+    screen = states[0]["trainer"]["prescreen"]
+    assert screen == json.loads((run / "prescreen.json").read_text()) and screen["groups"] >= 1
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("prescreen") == 1
+    total = [r["rollout/groups_generated_total"] for r in rows if "loss/total" in r]
+    assert total[-1] == screen["groups"] + 4 * 8  # the screen, then 4 steps of 8 groups
 
 
 def test_layout_not_matching_world_fails_on_every_rank_before_writing(data: Path) -> None:

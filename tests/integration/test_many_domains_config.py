@@ -1,10 +1,11 @@
-"""configs/many_domains_cpu.yaml as users start it (issue 40): every one of its domains admitted,
-two steps, a held-out sweep at each, the per-domain heatmap and the per-family radar written to
-the run directory and logged to W&B (offline mode, the real client). Sweeps are cut to 2 prompts
-of 1 sample per domain so that the whole config runs in about a minute."""
+"""configs/many_domains_cpu.yaml as users start it (issue 40): every one of its domains admitted
+and pre-screened, two steps, a held-out sweep at each, the per-domain heatmap and the per-family
+radar written to the run directory and logged to W&B (offline mode, the real client). Sweeps are
+cut to 2 prompts of 1 sample per domain so that the whole config runs in about a minute."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,3 +45,7 @@ def test_the_shipped_config_trains_hundreds_of_domains_and_draws_them(tmp_path) 
     assert {"heatmap", "radar"} <= media, media
     cfg = yaml.safe_load(CONFIG.read_text())
     assert cfg["rl"]["prompts_per_step"] == 32 and cfg["scheduler"]["oversample"] == 1.0
+    # the study's best arm: the pre-screen, charged to the 600 steps of generation it was run at
+    screen = json.loads((run / "prescreen.json").read_text())
+    assert screen["groups"] == 2 * admitted and 0 < len(screen["kept"]) < admitted
+    assert cfg["train"]["steps"] == 600 - -(-screen["groups"] // 32)

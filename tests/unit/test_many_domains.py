@@ -157,6 +157,50 @@ def test_report_pairs_the_two_parts_and_decides_the_win_only_on_every_seed() -> 
         ms.compute({"sections": sections}, screen)
 
 
+def test_screened_part_pairs_its_contrast_and_refuses_two_screens_of_one_seed() -> None:
+    screen = {"primary": ["a"], "domains": {"a": {}, "b": {}}}
+    runs = {
+        ms.BASELINE: _arm([0.00, 0.01, 0.00]),
+        "pre-screen (in the run)": _arm([0.02, 0.03, 0.02]),
+        "pre-screen + adaptive": _arm([0.03, 0.05, 0.04]),
+    }
+    for arm in ("pre-screen (in the run)", "pre-screen + adaptive"):
+        for run in runs[arm].values():
+            run["prescreen"] = {"groups": 4, "domains": ["a"]}
+    report_part = {
+        ms.BASELINE: _arm([0.00, 0.01, 0.00]),
+        "pre-screen": _arm([0.01, 0.02, 0.01]),
+    }
+    doc = {
+        "sections": {
+            "screened": {"settings": {"group": 8}, "runs": runs},
+            "headroom": {"settings": {"group": 8}, "runs": {}},
+            "arms": {"settings": {"group": 8}, "runs": {}},
+        }
+    }
+    doc["sections"]["headroom"]["runs"] = {ms.BASELINE: report_part[ms.BASELINE]}
+    doc["sections"]["arms"]["runs"] = {"pre-screen": report_part["pre-screen"]}
+    rep = ms.compute(doc, screen)["replication"]
+    assert rep["seeds"] == {"report": 3, "screened": 3} and not rep["complete"]
+    assert rep["fresh"]["mean"] == pytest.approx(0.02) and rep["pooled"]["n"] == 6
+    assert rep["pooled"]["mean"] == pytest.approx(0.015) and rep["holds"]
+    st = ms.compute(doc, screen)["screened"]
+    c = st["contrasts"]["pre-screen + adaptive - pre-screen (in the run)"]["primary"]
+    assert c["n"] == 3 and c["mean"] == pytest.approx(0.05 / 3)
+    assert st["arms"]["pre-screen (in the run)"]["vs_baseline_primary"]["mean"] == pytest.approx(
+        0.02
+    )
+    # the screen's groups count as generated: 4 more than the 320 of the steps
+    assert st["runs"]["pre-screen + adaptive"]["1"]["generated"] == 324
+    doc["stats"] = json.loads(json.dumps(ms.compute(doc, screen)))
+    table = report(doc, screen, "screened")
+    assert "pre-screen + adaptive - pre-screen (in the run), primary" in table
+    assert "replication of the pre-screen (registered): not decided yet (holds so far)" in table
+    runs["pre-screen + adaptive"]["2"]["prescreen"]["domains"] = ["a", "b"]
+    with pytest.raises(ValueError, match="seed 2: .* kept other domains than"):
+        ms.compute(doc, screen)
+
+
 def test_heatmap_groups_rows_by_family_keeps_ladder_order_and_marks_events(tmp_path) -> None:
     names = ["ladder/gcd_max25", "ladder/gcd_max30", "ladder/add_t2_d2", "rg/gcd@0"]
     rows = []

@@ -131,11 +131,16 @@ def report_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
     }
 
 
+def charged_steps(groups: int) -> int:
+    """Steps of generation that ``groups`` pre-screen groups cost (whole steps, rounded up)."""
+    return -(-groups // PER_STEP)
+
+
 def screened_arms(doc: dict[str, Any], screen: dict[str, Any]) -> Arms:
     """The screened part (docs/scheduler.md, "The pre-screen inside the run"): the shipped
     config's pre-screen (``scheduler.prescreen_groups``, its groups charged as whole steps), alone
     and with the adaptive mix, beside uniform + filter, on fresh seeds."""
-    charged = -(-PRESCREEN_GROUPS * len(screen["domains"]) // PER_STEP)
+    charged = charged_steps(PRESCREEN_GROUPS * len(screen["domains"]))
     in_run = [f"scheduler.prescreen_groups={PRESCREEN_GROUPS}", f"train.steps={STEPS - charged}"]
     return {
         BASELINE: [],
@@ -175,7 +180,7 @@ def prescreen(seed: int, a: argparse.Namespace) -> tuple[list[str], dict[str, An
         )
     finally:
         engine.shutdown()
-    spent = -(-screen.groups // PER_STEP)  # steps of generation the screen cost
+    spent = charged_steps(screen.groups)
     cfg_list = [*static_arm(screen.kept), f"train.steps={a.steps - spent}"]
     return cfg_list, {"groups": screen.groups, "domains": screen.kept, "steps_charged": spent}
 

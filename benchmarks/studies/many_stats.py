@@ -267,22 +267,19 @@ def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
 def replication(stats: dict[str, Any]) -> dict[str, Any]:
     """The registered replication of the pre-screen (docs/scheduler.md, "The pre-screen inside
     the run"): its difference from uniform + filter on the fresh seeds, and pooled with the
-    report seeds' pre-screen arm, each seed paired with its own baseline run."""
+    report seeds' pre-screen arm, each seed paired with its own baseline run (the arms' own
+    paired differences against the baseline)."""
     parts = {
-        "report": (section_runs(stats, "report"), "pre-screen"),
-        "screened": (stats["screened"]["runs"], "pre-screen (in the run)"),
+        "report": stats["report"]["arms"].get("pre-screen", {}),
+        "screened": stats["screened"]["arms"].get("pre-screen (in the run)", {}),
     }
-    diffs: dict[str, list[float]] = {}
-    for name, (runs, arm) in parts.items():
-        a, b = runs.get(arm, {}), runs.get(BASELINE, {})
-        diffs[name] = [a[s]["primary"] - b[s]["primary"] for s in sorted(set(a) & set(b))]
-    fresh, pooled = diffs["screened"], diffs["report"] + diffs["screened"]
+    diffs = {k: a.get("vs_baseline_primary", {}).get("diffs", []) for k, a in parts.items()}
     out: dict[str, Any] = {"seeds": {k: len(v) for k, v in diffs.items()}}
-    if len(fresh) >= 2:
-        out["fresh"] = paired(fresh)
-        out["pooled"] = paired(pooled)
+    if len(diffs["screened"]) >= 2:
+        out["fresh"] = parts["screened"]["vs_baseline_primary"]
+        out["pooled"] = paired(diffs["report"] + diffs["screened"])
         out["holds"] = bool(out["fresh"]["mean"] > 0 and out["pooled"]["lower95"] > 0)
-    out["complete"] = len(fresh) == FRESH_SEEDS
+    out["complete"] = len(diffs["screened"]) == FRESH_SEEDS
     return out
 
 

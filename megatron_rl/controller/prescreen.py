@@ -99,9 +99,7 @@ def prescreen(
             f"variance), got {groups} and {group_size}"
         )
     t0 = time.time()
-    screen = Screen()
     single = [n for n, d in domains.items() if not d.multi_turn]
-    screen.unscreened = sorted(n for n, d in domains.items() if d.multi_turn)
     wanted = [(n, SCREEN_INDEX + i, domains[n].levels[0]) for n in single for i in range(groups)]
     drawn = (draw or _inline_draw(domains))(wanted, seed)
     tasks = [t for t in drawn if t is not None and (fits is None or fits(t))]
@@ -127,17 +125,22 @@ def prescreen(
         if verify is not None
         else [safe_verify(domains[t.domain], t, r) for t, r in pairs]
     )
-    scores: dict[str, list[set[float]]] = {}
+    screened: set[str] = set()
+    signal: set[str] = set()
     it = iter(verdicts)
     for t, o in zip(tasks, outs, strict=True):
         # a failed verification scores 0, as in training
-        group = {v.score if v is not None else 0.0 for v in (next(it) for _ in o)}
-        scores.setdefault(t.domain, []).append(group)
-    screen.groups = len(tasks)
-    screen.signal = sorted(n for n, gs in scores.items() if any(len(g) > 1 for g in gs))
-    screen.flat = sorted(n for n in scores if n not in set(screen.signal))
-    screen.unscreened = sorted({*screen.unscreened, *(n for n in single if n not in scores)})
-    screen.seconds = round(time.time() - t0, 1)
+        rewards = {v.score if v is not None else 0.0 for v in (next(it) for _ in o)}
+        screened.add(t.domain)
+        if len(rewards) > 1:
+            signal.add(t.domain)
+    screen = Screen(
+        groups=len(tasks),
+        signal=sorted(signal),
+        flat=sorted(screened - signal),
+        unscreened=sorted(set(domains) - screened),  # multi-turn, undrawn or too long
+        seconds=round(time.time() - t0, 1),
+    )
     if not screen.signal and not screen.unscreened:
         log.warning(
             "prescreen: no group of %d domains had reward variance; the mix keeps all of them",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 import warnings
@@ -23,6 +24,21 @@ def _command_modules() -> dict[str, str]:
         if not info.name.startswith("_"):
             names[info.name.replace("_", "-")] = f"launch.commands.{info.name}"
     return dict(sorted(names.items()))
+
+
+def _say_line(text: str) -> None:
+    """``text`` and its newline on stderr in one write: the ranks of a torchrun job share its
+    stderr, and ``print`` writes the text and the newline apart, so two ranks' errors could
+    otherwise land on one line."""
+    line = text + "\n"
+    sys.stderr.flush()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # captured (pytest's capsys): no descriptor
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        return
+    os.write(fd, line.encode())
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -69,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._main(args) or 0)
     except ValueError as e:
-        print(f"megatron-rl {args.command}: error: {e}", file=sys.stderr)
+        _say_line(f"megatron-rl {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt:
-        print(f"megatron-rl {args.command}: interrupted", file=sys.stderr)
+        _say_line(f"megatron-rl {args.command}: interrupted")
         return 130
 
 

@@ -136,7 +136,12 @@ def test_each_sandbox_gets_its_own_cgroup_with_the_limit():
     )
     run.start()
     deadline = time.monotonic() + 10
-    while run.is_alive() and not seen and time.monotonic() < deadline and bound.parent:
+    want = str(LIMITS.memory_mb << 20)
+    # the sandbox makes its cgroup, then writes the limit, then adds the process: a directory
+    # seen between the first two still shows the default, so poll until the limit is there
+    while bound.parent and run.is_alive() and time.monotonic() < deadline:
+        if want in seen.values():
+            break
         for name in sandbox_cgroups(bound):
             limit_file = memory._LIMIT_FILES[bound.kind][0]
             try:
@@ -149,7 +154,7 @@ def test_each_sandbox_gets_its_own_cgroup_with_the_limit():
     if bound.kind == "per-process":
         assert seen == {}
     else:
-        assert list(seen.values()) == [str(LIMITS.memory_mb << 20)]
+        assert list(seen.values()) == [want]
     assert sandbox_cgroups(bound) == []
 
 

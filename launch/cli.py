@@ -38,7 +38,9 @@ def _say_line(text: str) -> None:
         sys.stderr.write(line)
         sys.stderr.flush()
         return
-    os.write(fd, line.encode())
+    view = memoryview(line.encode())
+    while view:  # one write up to PIPE_BUF (atomic); a longer message may take more
+        view = view[os.write(fd, view) :]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -217,7 +217,10 @@ def overrides(arm: list[str], seed: int, a: argparse.Namespace) -> list[str]:
         "checkpoint.every=0",
         f"tracking.wandb={a.wandb}",
         "tracking.progress=false",
-        "scheduler.prescreen_groups=0",  # the config's default; the pre-screen arm screens apart
+        # the study's baseline, whatever the config now defaults to (its defaults are this
+        # study's winners): no pre-screen (the pre-screen arm screens apart), a uniform mix
+        "scheduler.prescreen_groups=0",
+        "scheduler.policy=uniform",
     ]
     if a.quick:
         out += [f"domains.include={json.dumps(QUICK_DOMAINS)}", "eval.samples_per_domain=8"]

@@ -69,10 +69,16 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(f"replication of the pre-screen (registered): {verdict}")
         lines.append(f"  fresh seeds, in the run - baseline: {_ci(rep['fresh'])}")
         lines.append(f"  pooled with the report seeds: {_ci(rep['pooled'])}")
+    if "on_top" in st:
+        top = st["on_top"]
+        verdict = "holds" if top["holds"] else "fails"
+        verdict = verdict if top["complete"] else f"not decided yet ({verdict} so far)"
+        lines.append(f"the adaptive mix on top of the pre-screen (registered): {verdict}")
     if "win" in st:
         win = st["win"]
         verdict = "met" if win["met"] else "not met" if win["complete"] else "not decided yet"
-        lines.append(f"the win (registered, all three): {verdict}")
+        label = "registered" if section == "report" else "the issue's criteria, descriptive here"
+        lines.append(f"the win ({label}, all three): {verdict}")
         for k, v in win["criteria"].items():
             lines.append(f"  {'holds' if v['holds'] else 'fails'} on {v['seeds']} seeds: {k}")
     timings = [

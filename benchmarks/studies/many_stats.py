@@ -28,7 +28,9 @@ Every figure of the study comes from the per-run extracts in ``many_domains.json
   adaptive minus the pre-screen), after checking that its screened arms screened alike;
 * ``replication``: the pre-screen minus uniform + filter on the screened part's fresh seeds, and
   pooled with the report seeds' pre-screen arm (docs/scheduler.md, "The pre-screen inside the
-  run").
+  run"); the screened part's ``on_top`` (its second registered decision: pre-screen + adaptive
+  against the pre-screen alone) and, descriptive, the win's three criteria applied to
+  pre-screen + adaptive on its fresh seeds.
 
 ``python -m benchmarks.studies.many_stats [--json PATH]`` recomputes every section's statistics
 and exits 1 if any differs from the stored ones (``make test`` runs it on the committed file).
@@ -182,6 +184,39 @@ FRESH_SEEDS = 8  # the screened part's registered seeds (49-56): the replication
 WIN_PRESCREEN = -0.005  # adaptive minus pre-screen: its lower bound must be above this
 
 
+def win_criteria(
+    arm: dict[str, Any], vs_pre: dict[str, Any], name: str, pre: str, n_all: int
+) -> dict[str, Any]:
+    """The issue's win, all three, for arm ``name`` (its summary against the baseline) and
+    ``vs_pre`` (its contrast with the pre-screen arm ``pre``): each criterion with the seeds it
+    rests on; ``met`` only when every criterion holds on all ``n_all`` seeds ({} without runs)."""
+    if "vs_baseline_primary" not in arm:
+        return {}
+    crit = {
+        f"{name} - uniform + filter, primary: lower bound > 0": (
+            arm["vs_baseline_primary"]["lower95"] > 0,
+            arm["vs_baseline_primary"]["n"],
+        ),
+        f"{name} - {pre}, primary: lower bound > {WIN_PRESCREEN}": (
+            bool(vs_pre) and vs_pre["primary"]["lower95"] > WIN_PRESCREEN,
+            vs_pre["primary"]["n"] if vs_pre else 0,
+        ),
+        f"{name} - uniform + filter, all domains: mean >= 0": (
+            arm["vs_baseline_all"]["mean"] >= 0,
+            arm["vs_baseline_all"]["n"],
+        ),
+        f"{name} - uniform + filter, regressions: mean <= 0": (
+            arm["vs_baseline_regressions"]["mean"] <= 0,
+            arm["vs_baseline_regressions"]["n"],
+        ),
+    }
+    return {
+        "criteria": {k: {"holds": bool(h), "seeds": n} for k, (h, n) in crit.items()},
+        "complete": all(n == n_all for _, n in crit.values()),
+        "met": all(h and n == n_all for h, n in crit.values()),
+    }
+
+
 def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     """The report seeds' arms of the headroom and arms parts together: every arm against
     uniform + filter, the registered contrasts, and the win's three criteria (each with the
@@ -200,33 +235,11 @@ def report_stats(doc: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
         c = contrast(per[a], per[b]) if a in per and b in per else {}
         if c:
             out["contrasts"][name] = c
-    adaptive = out["arms"].get("adaptive", {})
     vs_pre = out["contrasts"].get("adaptive - pre-screen", {})
-    if "vs_baseline_primary" in adaptive:
-        crit = {
-            "adaptive - uniform + filter, primary: lower bound > 0": (
-                adaptive["vs_baseline_primary"]["lower95"] > 0,
-                adaptive["vs_baseline_primary"]["n"],
-            ),
-            f"adaptive - pre-screen, primary: lower bound > {WIN_PRESCREEN}": (
-                bool(vs_pre) and vs_pre["primary"]["lower95"] > WIN_PRESCREEN,
-                vs_pre["primary"]["n"] if vs_pre else 0,
-            ),
-            "adaptive - uniform + filter, all domains: mean >= 0": (
-                adaptive["vs_baseline_all"]["mean"] >= 0,
-                adaptive["vs_baseline_all"]["n"],
-            ),
-            "adaptive - uniform + filter, regressions: mean <= 0": (
-                adaptive["vs_baseline_regressions"]["mean"] <= 0,
-                adaptive["vs_baseline_regressions"]["n"],
-            ),
-        }
-        n_all = len(per[BASELINE])
-        out["win"] = {
-            "criteria": {k: {"holds": bool(h), "seeds": n} for k, (h, n) in crit.items()},
-            "complete": all(n == n_all for _, n in crit.values()),
-            "met": all(h and n == n_all for h, n in crit.values()),
-        }
+    n_all = len(per[BASELINE])
+    win = win_criteria(out["arms"].get("adaptive", {}), vs_pre, "adaptive", "pre-screen", n_all)
+    if win:
+        out["win"] = win
     return out
 
 
@@ -259,8 +272,29 @@ def compute(doc: dict[str, Any], screen: dict[str, Any]) -> dict[str, Any]:
         }
     if all(n in out for n in REPORT_SECTIONS):
         out["report"] = report_stats(doc, out)
+    if "screened" in out:
+        out["screened"].update(on_top(out["screened"]))
     if "screened" in out and "report" in out:
         out["replication"] = replication(out)
+    return out
+
+
+def on_top(st: dict[str, Any]) -> dict[str, Any]:
+    """The screened part's second registered decision, the adaptive mix on top of the
+    pre-screen (``on_top``: its contrast's lower bound above 0, all-domain mean and regressions
+    no worse; ``complete`` with all 8 fresh seeds), and the issue's win criteria applied to that
+    arm on the fresh seeds (``win``; descriptive: the part registered only the two decisions)."""
+    arm, pre = "pre-screen + adaptive", "pre-screen (in the run)"
+    c = st.get("contrasts", {}).get(f"{arm} - {pre}", {})
+    if not c:
+        return {}
+    holds = c["primary"]["lower95"] > 0 and c["all"]["mean"] >= 0 and c["regressions"]["mean"] <= 0
+    out: dict[str, Any] = {
+        "on_top": {"holds": bool(holds), "complete": c["primary"]["n"] == FRESH_SEEDS}
+    }
+    win = win_criteria(st["arms"].get(arm, {}), c, arm, pre, len(st["runs"].get(BASELINE, {})))
+    if win:
+        out["win"] = win
     return out
 
 

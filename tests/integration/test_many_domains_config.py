@@ -45,7 +45,9 @@ def test_the_shipped_config_trains_hundreds_of_domains_and_draws_them(tmp_path) 
     assert {"heatmap", "radar"} <= media, media
     cfg = yaml.safe_load(CONFIG.read_text())
     assert cfg["rl"]["prompts_per_step"] == 32 and cfg["scheduler"]["oversample"] == 1.0
-    # the study's best arm: the pre-screen, charged to the 600 steps of generation it was run at
+    # the study's best arm: the pre-screen and the adaptive mix over the kept domains, charged
+    # to the 600 steps of generation it was run at
+    assert cfg["scheduler"]["policy"] == "learnability" and cfg["scheduler"]["learn_ucb"] == 0.05
     screen = json.loads((run / "prescreen.json").read_text())
     assert screen["groups"] == 2 * admitted and 0 < len(screen["kept"]) < admitted
     assert cfg["train"]["steps"] == 600 - -(-screen["groups"] // 32)

@@ -192,10 +192,20 @@ def test_screened_part_pairs_its_contrast_and_refuses_two_screens_of_one_seed() 
     )
     # the screen's groups count as generated: 4 more than the 320 of the steps
     assert st["runs"]["pre-screen + adaptive"]["1"]["generated"] == 324
+    # the adaptive mix on top: +0.01, +0.02, +0.02 (lower bound > 0), no domain worse
+    assert st["on_top"] == {"holds": True, "complete": False}  # 3 of the 8 registered seeds
+    assert st["win"]["met"] and st["win"]["complete"]  # every seed the part has
     doc["stats"] = json.loads(json.dumps(ms.compute(doc, screen)))
     table = report(doc, screen, "screened")
     assert "pre-screen + adaptive - pre-screen (in the run), primary" in table
     assert "replication of the pre-screen (registered): not decided yet (holds so far)" in table
+    assert "adaptive mix on top of the pre-screen (registered): not decided yet (holds" in table
+    assert "the win (the issue's criteria, descriptive here, all three): met" in table
+    runs["pre-screen + adaptive"] = _arm([0.03, 0.05, 0.04], regress=True)  # b falls by 0.2
+    for run in runs["pre-screen + adaptive"].values():
+        run["prescreen"] = {"groups": 4, "domains": ["a"]}
+    st = ms.compute(doc, screen)["screened"]
+    assert not st["on_top"]["holds"] and not st["win"]["met"]  # more regressions, all worse
     runs["pre-screen + adaptive"]["2"]["prescreen"]["domains"] = ["a", "b"]
     with pytest.raises(ValueError, match="seed 2: .* kept other domains than"):
         ms.compute(doc, screen)

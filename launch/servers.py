@@ -289,12 +289,16 @@ class Fleet:
             self._spawn(p, self.server_cmd(p))  # weight-update group with this server in it
             self.wait_healthy(p, "/health")
             p.restarts += 1
-            if not self.catch_up(p):  # never serve stale weights: try again on the next pass
+            loaded = self.catch_up(p)
+            if loaded is False:  # never serve stale weights: try again on the next pass
                 _signal_group(self._popen[p.name].pid, signal.SIGKILL)
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
-            self.catch_up(p)  # a sync recorded a newer one while it registered
+            # a sync recorded a newer version while it registered: load that one, and only a
+            # newer one (reloading the same record could land after the trainer's broadcast of
+            # the next version to the registered server and take it back a version)
+            self.catch_up(p, loaded)
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -309,17 +313,17 @@ class Fleet:
         f = self.sync_dir / "current_weights.json"
         return json.loads(f.read_text()) if f.is_file() else None
 
-    def catch_up(self, p: Proc) -> bool:
-        """Load the recorded version into ``p`` until the record stops moving; False on failure."""
-        loaded: Any = False
+    def catch_up(self, p: Proc, loaded: Any = False) -> Any:
+        """Load the recorded version into ``p`` until the record stops moving (``loaded``: the
+        record ``p`` already holds); returns the record loaded last, False on failure."""
         for _ in range(5):
             cur = self.current_weights()
             if cur == loaded:
-                return True
+                return loaded
             if not self.load_current_weights(p, cur):
                 return False
             loaded = cur
-        return True
+        return loaded
 
     def load_current_weights(self, p: Proc, cur: dict[str, Any] | None) -> bool:
         """Bring ``p`` to ``cur`` (a :meth:`current_weights` record); False on failure."""

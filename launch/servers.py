@@ -295,10 +295,7 @@ class Fleet:
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
-            # a sync recorded a newer version while it registered: load that one, and only a
-            # newer one (reloading the same record could land after the trainer's broadcast of
-            # the next version to the registered server and take it back a version)
-            self.catch_up(p, loaded)
+            self.catch_up(p, loaded)  # only a newer record: a reload could undo a broadcast
             restarted.append(p.name)
             self.write_manifest()
         return restarted
@@ -314,8 +311,9 @@ class Fleet:
         return json.loads(f.read_text()) if f.is_file() else None
 
     def catch_up(self, p: Proc, loaded: Any = False) -> Any:
-        """Load the recorded version into ``p`` until the record stops moving (``loaded``: the
-        record ``p`` already holds); returns the record loaded last, False on failure."""
+        """Load the record into ``p`` until it stops moving (``loaded``: the record ``p`` holds
+        already, not loaded again: once ``p`` is registered the trainer may have broadcast it a
+        newer version); returns the record loaded last, False on failure."""
         for _ in range(5):
             cur = self.current_weights()
             if cur == loaded:

@@ -311,9 +311,8 @@ class Fleet:
         return json.loads(f.read_text()) if f.is_file() else None
 
     def catch_up(self, p: Proc, loaded: Any = False) -> Any:
-        """Load the record into ``p`` until it stops moving (``loaded``: the record ``p`` holds
-        already, not loaded again: once ``p`` is registered the trainer may have broadcast it a
-        newer version); returns the record loaded last, False on failure."""
+        """Load the record into ``p`` until it stops moving, never ``loaded`` (``p`` holds it);
+        returns the record loaded last, False on failure."""
         for _ in range(5):
             cur = self.current_weights()
             if cur == loaded:

@@ -23,6 +23,12 @@ def _ci(p: dict[str, Any] | None) -> str:
     )
 
 
+def _decision(d: dict[str, Any]) -> str:
+    """A registered decision's verdict: it holds or fails, and only once all its seeds are in."""
+    verdict = "holds" if d["holds"] else "fails"
+    return verdict if d["complete"] else f"not decided yet ({verdict} so far)"
+
+
 def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
     """One section's table: per arm the means over its seeds (to target: the median generated
     rollouts to +0.01 primary over the run's start, and how many runs got there) and the paired
@@ -64,16 +70,13 @@ def report(doc: dict[str, Any], screen: dict[str, Any], section: str) -> str:
         lines.append(f"{' ' * len(name)}   regressions: {_ci(c['regressions'])}")
     rep = doc["stats"].get("replication") if section == "screened" else None
     if rep and "fresh" in rep:
-        verdict = "holds" if rep["holds"] else "fails"
-        verdict = verdict if rep["complete"] else f"not decided yet ({verdict} so far)"
-        lines.append(f"replication of the pre-screen (registered): {verdict}")
+        lines.append(f"replication of the pre-screen (registered): {_decision(rep)}")
         lines.append(f"  fresh seeds, in the run - baseline: {_ci(rep['fresh'])}")
         lines.append(f"  pooled with the report seeds: {_ci(rep['pooled'])}")
     if "on_top" in st:
-        top = st["on_top"]
-        verdict = "holds" if top["holds"] else "fails"
-        verdict = verdict if top["complete"] else f"not decided yet ({verdict} so far)"
-        lines.append(f"the adaptive mix on top of the pre-screen (registered): {verdict}")
+        lines.append(
+            f"the adaptive mix on top of the pre-screen (registered): {_decision(st['on_top'])}"
+        )
     if "win" in st:
         win = st["win"]
         verdict = "met" if win["met"] else "not met" if win["complete"] else "not decided yet"

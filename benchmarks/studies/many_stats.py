@@ -284,8 +284,8 @@ def on_top(st: dict[str, Any]) -> dict[str, Any]:
     pre-screen (``on_top``: its contrast's lower bound above 0, all-domain mean and regressions
     no worse; ``complete`` with all 8 fresh seeds), and the issue's win criteria applied to that
     arm on the fresh seeds (``win``; descriptive: the part registered only the two decisions)."""
-    arm, pre = "pre-screen + adaptive", "pre-screen (in the run)"
-    c = st.get("contrasts", {}).get(f"{arm} - {pre}", {})
+    ((name, (arm, pre)),) = SECTION_CONTRASTS["screened"].items()
+    c = st.get("contrasts", {}).get(name, {})
     if not c:
         return {}
     holds = c["primary"]["lower95"] > 0 and c["all"]["mean"] >= 0 and c["regressions"]["mean"] <= 0

@@ -32,6 +32,8 @@ class SGLangConfig:
     router_policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = (
         "cache_aware"  # sglang-router --policy (docs/serving.md has the measurement)
     )
+    api_key_file: str = ""  # file with the fleet's API key, sent as a Bearer token ('':
+    # $MEGATRON_RL_API_KEY, else <run dir>/api_key when the fleet made one; rollout/auth.py)
     health_check_timeout_s: float = 300.0  # how long a health check may wait for a server
     # (router and SGLANG_HEALTH_CHECK_TIMEOUT): longer than the longest weight update, which
     # holds the server's update lock that the one-token check waits on

@@ -47,6 +47,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from megatron_rl.rollout.auth import client_key
 from megatron_rl.rollout.base import (
     Completion,
     GenRequest,
@@ -101,7 +102,10 @@ class SGLangEngine(RolloutEngine):
 
     async def _make_client(self) -> SGLangClient:
         shape = self._routes_shape() if self.routed_experts else None
-        return SGLangClient(self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s, shape)
+        key = client_key(self.cfg.sglang.api_key_file, self.sync_dir.parent)  # the run dir
+        return SGLangClient(
+            self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s, shape, api_key=key
+        )
 
     def _routes_shape(self) -> tuple[int, int]:
         """(layers, top-k) of the served MoE model, from its ``config.json``."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from megatron_rl.rollout import sglang_schema
+from megatron_rl.rollout.auth import bearer
 from megatron_rl.rollout.base import Completion, GenRequest, derive_seed
 
 if TYPE_CHECKING:
@@ -40,8 +41,10 @@ class SGLangClient:
         cfg: SGLangConfig,
         request_timeout_s: float,
         routes_shape: tuple[int, int] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.headers = bearer(api_key)  # on every request (rollout/auth.py)
         self.cfg = cfg
         self.routes_shape = routes_shape  # (layers, top-k): ask for routed experts (MoE)
         self.timeout = aiohttp.ClientTimeout(
@@ -59,7 +62,9 @@ class SGLangClient:
         if self._session is None or self._session.closed:
             # aiohttp's default pool holds 100 connections: it would cap max_concurrency
             connector = aiohttp.TCPConnector(limit=self.cfg.max_concurrency)
-            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout, connector=connector, headers=self.headers
+            )
         return self._session
 
     async def close(self) -> None:
@@ -76,8 +81,11 @@ class SGLangClient:
         try:
             async with self.session.post(url, json=body, timeout=timeout) as resp:
                 text = await resp.text()
-                if resp.status >= 500:
+                if resp.status >= 500 or resp.status == 429:  # 429: busy, back off and retry
+                    self.metrics["busy"] += resp.status == 429
                     raise RetryableError(f"{url} answered {resp.status}: {text[:200]}")
+                if resp.status in (401, 403):
+                    raise ValueError(unauthorized(url, resp.status, bool(self.headers)))
                 if resp.status >= 400:
                     raise ValueError(f"{url} rejected the request ({resp.status}): {text[:300]}")
         except (TimeoutError, aiohttp.ClientError) as e:
@@ -232,6 +240,8 @@ class SGLangClient:
     async def worker_urls(self) -> list[str]:
         """The servers behind the router (``GET /workers``), or [url] for a bare server."""
         status, text = await self._get(f"{self.url}/workers")
+        if status in (401, 403):
+            raise ValueError(unauthorized(f"{self.url}/workers", status, bool(self.headers)))
         if status == 200:
             data = json.loads(text)
             return [w["url"].rstrip("/") for w in data.get("workers", [])]
@@ -285,6 +295,15 @@ class SGLangClient:
                 raise RuntimeError(f"{url} failed to load weights from {path}: {out}")
 
         await asyncio.gather(*(one(u) for u in urls))
+
+
+def unauthorized(url: str, status: int, sent_key: bool) -> str:
+    """The error for a 401/403: which key was (not) sent and where a key comes from."""
+    what = "refused the API key sent" if sent_key else "needs an API key and none was found"
+    return (
+        f"{url} answered {status}: it {what}; set $MEGATRON_RL_API_KEY or "
+        "rollout.sglang.api_key_file to the fleet's key (its <run-dir>/api_key)"
+    )
 
 
 def to_sampling_params(req: GenRequest, seed: int | None) -> dict[str, Any]:

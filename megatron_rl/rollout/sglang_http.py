@@ -82,7 +82,8 @@ class SGLangClient:
             async with self.session.post(url, json=body, timeout=timeout) as resp:
                 text = await resp.text()
                 if resp.status >= 500 or resp.status == 429:  # 429: busy, back off and retry
-                    self.metrics["busy"] += resp.status == 429
+                    if resp.status == 429:
+                        self.metrics["busy"] += 1
                     raise RetryableError(f"{url} answered {resp.status}: {text[:200]}")
                 if resp.status in (401, 403):
                     raise ValueError(unauthorized(url, resp.status, bool(self.headers)))

@@ -118,19 +118,28 @@ def server_env(health_check_timeout_s: float) -> dict[str, str]:
 
 
 def router_cmd(
+    host: str,
     port: int,
     metrics_port: int,
     policy: str,
     health_check_timeout_s: float,
     startup_timeout_s: float,
+    api_key: str,
 ) -> list[str]:
     """sglang-router with our retries off (the client counts its own) and health checks that
     outwait a weight update: a check times out only after ``health_check_timeout_s`` (the
     servers answer within it once the update lock is free), three misses in a row mark a
-    worker unhealthy, checks every 5 s, one success makes it healthy again."""
+    worker unhealthy, checks every 5 s, one success makes it healthy again.
+
+    ``--api-key``: the router then refuses ``/generate``, ``/workers`` and the other routes
+    without ``Authorization: Bearer <key>`` (401; only ``/health``, ``/liveness`` and the info
+    routes stay open, measured against sglang-router 0.3.2 in tests/integration/
+    test_fleet_auth.py) and sends the same key to the workers."""
     return [
-        *[sys.executable, "-m", "sglang_router.launch_router", "--host", "0.0.0.0"],
+        *[sys.executable, "-m", "sglang_router.launch_router", "--host", host],
+        *["--api-key", api_key],
         *["--port", str(port), "--prometheus-port", str(metrics_port)],
+        *["--prometheus-host", host],  # its metrics listen where it does, not on 0.0.0.0
         *["--policy", policy, "--disable-retries"],
         *["--health-check-interval-secs", "5", "--health-failure-threshold", "3"],
         *["--health-success-threshold", "1"],

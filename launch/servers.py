@@ -13,7 +13,10 @@ A fleet is ``num_servers`` rollout servers on this node (SGLang on GPUs, the emb
 4. :meth:`Fleet.supervise` (a loop; one pass is :meth:`Fleet.check`): a server that died is
    removed from the router (``DELETE /workers/{id}``), restarted, brought to the current weights
    (``<sync_dir>/current_weights.json`` written by the client after each sync) and re-added;
-5. :meth:`Fleet.stop` terminates everything by PID (SIGTERM to the process group, SIGKILL after
+5. every process gets the job's API key (:mod:`megatron_rl.rollout.auth`): embedded servers in
+   their environment, SGLang and the router as ``--api-key`` (their only way in; the manifest
+   shows it blanked), and every call the fleet makes carries it;
+6. :meth:`Fleet.stop` terminates everything by PID (SIGTERM to the process group, SIGKILL after
    a grace period); the fleet is a context manager, so a failure anywhere stops it too.
 """
 
@@ -27,64 +30,20 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from launch import server_args as sargs
+from launch.fleet_procs import Proc as Proc  # re-export
+from launch.fleet_procs import die_with_parent, redact, signal_group, tail
+from launch.fleet_procs import free_port as free_port  # re-export
+from launch.fleet_procs import http as http  # re-export
 from launch.server_args import assign_gpus, step_gpus
 from launch.server_args import visible_gpus as visible_gpus  # re-export
+from megatron_rl.rollout.auth import API_KEY_ENV, fleet_key
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, str]:
-    """One blocking HTTP call; (status, text), status 0 when nothing answered."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        return 0, ""
-
-
-@dataclass
-class Proc:
-    """One launched process, as recorded in servers.json."""
-
-    name: str  # server-0, server-1, router
-    role: str  # "server" or "router"
-    host: str  # address others use to reach it
-    port: int  # its HTTP port
-    gpus: list[str]  # CUDA devices it owns, as CUDA_VISIBLE_DEVICES names them ([] on CPU)
-    log: str  # its log file
-    seed: int = 0  # its sampling seed (--random-seed / --seed); each server has its own
-    pid: int = 0  # OS process id (0 before start)
-    restarts: int = 0  # times the supervisor restarted it
-    cmd: list[str] = field(default_factory=list)  # argv
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-def tail(path: str, n: int = 15) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
 
 
 class Fleet:
@@ -109,6 +68,8 @@ class Fleet:
         node_index: int = 0,
         router_policy: str = "cache_aware",
         health_check_timeout_s: float = 300.0,
+        api_key: str | None = None,
+        bind: str | None = None,
     ) -> None:
         if num_servers < 0:
             raise ValueError(f"num_servers must be >= 0, got {num_servers}")
@@ -119,7 +80,9 @@ class Fleet:
         self.server_args = server_args or []  # embedded servers: --config/overrides
         self.sglang_args = sglang_args or []  # SGLang: its own flags (sglang_server_args)
         self.sync_dir = Path(sync_dir) if sync_dir else self.run_dir / "rollout_weights"
-        self.host = host or "127.0.0.1"
+        self.host = host or "127.0.0.1"  # where the servers and the router are reached
+        self.bind = bind or self.host  # where they listen (0.0.0.0 only when asked for)
+        self.api_key = api_key or fleet_key(self.run_dir)  # servers, router and our calls
         self.seed, self.node_index = seed, node_index  # seeds: server_args.server_seed
         self.router_policy = router_policy
         self.health_check_timeout_s = health_check_timeout_s  # > the longest weight update
@@ -151,28 +114,32 @@ class Fleet:
         if self.engine == "sglang":  # the real SGLang server, GPU nodes
             return [
                 *[sys.executable, "-m", "sglang.launch_server", "--model-path", self.model],
-                *["--host", "0.0.0.0", "--port", str(p.port), "--tp-size", str(len(p.gpus))],
+                *["--host", self.bind, "--port", str(p.port), "--tp-size", str(len(p.gpus))],
+                *["--api-key", self.api_key],  # SGLang takes it only as a flag
                 *self.sglang_args,
                 *["--random-seed", str(p.seed)],
             ]
         return [
             *[sys.executable, "-m", "launch.cli", "serve", "--model", self.model],
-            *["--port", str(p.port), "--host", "0.0.0.0", "--engine", self.engine],
+            *["--port", str(p.port), "--host", self.bind, "--engine", self.engine],
             *self.server_args,
             *["--seed", str(p.seed)],
         ]
 
     def router_cmd(self, p: Proc) -> list[str]:
         return sargs.router_cmd(
+            self.bind,
             p.port,
             metrics_port=free_port(),
             policy=self.router_policy,
             health_check_timeout_s=self.health_check_timeout_s,
             startup_timeout_s=self.health_timeout_s,
+            api_key=self.api_key,
         )
 
     def _spawn(self, p: Proc, cmd: list[str]) -> None:
         env = dict(os.environ)
+        env[API_KEY_ENV] = self.api_key  # the embedded servers read it there, not from argv
         if p.role == "server":
             env.update(sargs.server_env(self.health_check_timeout_s))
         if p.gpus:
@@ -184,7 +151,7 @@ class Fleet:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self._popen[p.name] = proc
         p.pid, p.cmd = proc.pid, cmd
@@ -231,7 +198,7 @@ class Fleet:
                     f"{p.name} ({' '.join(p.cmd[:6])} ...) exited with code {proc.returncode} "
                     f"before becoming healthy; last lines of {p.log}:\n{tail(p.log)}"
                 )
-            if http("GET", p.url + path, timeout=2)[0] == 200:
+            if http("GET", p.url + path, timeout=2, key=self.api_key)[0] == 200:
                 return
             time.sleep(0.5)
         raise ValueError(
@@ -246,7 +213,9 @@ class Fleet:
         deadline = time.monotonic() + self.health_timeout_s
         status, text = 0, ""
         while status not in (200, 201, 202) and time.monotonic() < deadline:
-            status, text = http("POST", f"{self.router_url}/workers", {"url": p.url}, timeout=10)
+            status, text = http(
+                "POST", f"{self.router_url}/workers", {"url": p.url}, 10, self.api_key
+            )
             if status == 0:  # router not up yet (it may start on another node)
                 time.sleep(1.0)
             elif status not in (200, 201, 202):
@@ -262,13 +231,14 @@ class Fleet:
         raise ValueError(f"router {self.router_url} never listed worker {p.url} as healthy")
 
     def router_workers(self) -> list[dict[str, Any]]:
-        status, text = http("GET", f"{self.router_url}/workers")
+        status, text = http("GET", f"{self.router_url}/workers", key=self.api_key)
         return list(json.loads(text).get("workers", [])) if status == 200 else []
 
     def write_manifest(self) -> Path:
         procs = ([self.router] if self.router else []) + self.servers
         out = self.run_dir / f"servers-{socket.gethostname().split('.')[0]}.json"
-        data = {"router_url": self.router_url, "processes": [asdict(p) for p in procs]}
+        rows = [asdict(p) | {"cmd": redact(p.cmd, self.api_key)} for p in procs]
+        data = {"router_url": self.router_url, "processes": rows}
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(out)
@@ -291,7 +261,7 @@ class Fleet:
             p.restarts += 1
             loaded = self.catch_up(p)
             if loaded is False:  # never serve stale weights: try again on the next pass
-                _signal_group(self._popen[p.name].pid, signal.SIGKILL)
+                signal_group(self._popen[p.name].pid, signal.SIGKILL)
                 self._popen[p.name].wait(30)
                 continue
             self.register(p)
@@ -303,7 +273,7 @@ class Fleet:
     def deregister(self, p: Proc) -> None:
         wid = self._worker_ids.pop(p.name, None)
         if self.router_url and wid:
-            http("DELETE", f"{self.router_url}/workers/{wid}")
+            http("DELETE", f"{self.router_url}/workers/{wid}", key=self.api_key)
 
     def current_weights(self) -> dict[str, Any] | None:
         """``current_weights.json`` (path and version of the last sync; None before the first)."""
@@ -327,7 +297,7 @@ class Fleet:
         if cur is None:
             return True  # no sync yet: the server already holds the initial weights
         body = {"model_path": cur["path"], "weight_version": cur["version"]}
-        status, text = http("POST", f"{p.url}/update_weights_from_disk", body, timeout=600)
+        status, text = http("POST", f"{p.url}/update_weights_from_disk", body, 600, self.api_key)
         if status != 200:
             log.error("%s could not load the current weights %s: %s", p.name, cur, text[:300])
             return False
@@ -358,13 +328,13 @@ class Fleet:
         procs = list(self._popen.values())
         for proc in procs:
             if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         self._popen.clear()
 
@@ -377,24 +347,3 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the fleet process dies, even by SIGKILL (Linux).
-
-    Servers run in their own session so that a stop reaches their children; this keeps them
-    from outliving a fleet that was killed without a chance to stop them.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)  # the process and anything it started (its own session)
-    except ProcessLookupError:
-        pass

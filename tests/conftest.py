@@ -1,13 +1,31 @@
-"""Shared pytest set-up: skip ``@pytest.mark.gpu`` tests without CUDA; tiny-model fixtures."""
+"""Shared pytest set-up: skip ``@pytest.mark.gpu`` tests without CUDA; tiny-model fixtures; one
+fleet API key for the whole session.
+
+The key: every rollout server and router the tests start refuses requests without it, so the
+session sets ``$MEGATRON_RL_API_KEY`` (a fresh random key, never written to disk) for this
+process and every process it starts, and tests that call servers over raw HTTP send
+:func:`auth_headers`. Tests of where a key comes from (tests/integration/test_fleet_auth.py)
+remove the variable and use the key files.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from megatron_rl.model.config import ModelConfig, ParallelConfig
+from megatron_rl.rollout.auth import API_KEY_ENV
+
+os.environ.setdefault(API_KEY_ENV, secrets.token_urlsafe(32))  # before any test starts a process
+
+
+def auth_headers() -> dict[str, str]:
+    """The session key as request headers, for raw HTTP calls to the tests' servers."""
+    return {"Authorization": f"Bearer {os.environ[API_KEY_ENV]}"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

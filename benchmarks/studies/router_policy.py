@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import tempfile
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from launch.servers import Fleet, Proc, free_port
+from megatron_rl.rollout.auth import API_KEY_ENV
 from megatron_rl.rollout.base import GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 from megatron_rl.rollout.hf_engine import HFEngine
@@ -44,11 +46,15 @@ class Recording(EmbeddedServer):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.rids: list[str] = []
+        self.batcher.submit = self._record(self.batcher.submit)  # type: ignore[method-assign]
 
-    async def _submit(self, rid: str, req: GenRequest) -> Any:
-        if not rid.startswith("HEALTH_CHECK"):  # the routers' own checks are not the step's
-            self.rids.append(rid)
-        return await super()._submit(rid, req)
+    def _record(self, submit: Any) -> Any:
+        async def recording(rid: str, req: GenRequest) -> Any:
+            if not rid.startswith("HEALTH_CHECK"):  # the routers' own checks are not the step's
+                self.rids.append(rid)
+            return await submit(rid, req)
+
+        return recording
 
 
 def _serve(server: EmbeddedServer) -> tuple[str, Any]:
@@ -91,8 +97,9 @@ def main() -> None:
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="router-policy-"))
     model = make_tiny_qwen2(tmp / "m", "3m", seed=0)
-    servers = [Recording(HFEngine(RolloutConfig(engine="hf"), str(model), seed=s), str(model))
-               for s in (0, 1)]  # fmt: skip
+    key = os.environ.setdefault(API_KEY_ENV, secrets.token_urlsafe(32))  # routers and client
+    servers = [Recording(HFEngine(RolloutConfig(engine="hf"), str(model), seed=s), str(model),
+                         api_key=key) for s in (0, 1)]  # fmt: skip
     urls = [_serve(s)[0] for s in servers]
     routers = {pol: Fleet(tmp / pol, "", 0, engine="hf", router_port=free_port(),
                           router_policy=pol, health_timeout_s=60) for pol in POLICIES}  # fmt: skip

@@ -12,6 +12,12 @@ current weights) until SIGTERM. The Slurm scripts run this on every rollout node
 ``--node-index`` so that every server of the job gets its own sampling seed
 (:func:`launch.server_args.server_seed`).
 
+Who may talk to it: every request but ``GET /health`` carries the fleet's API key as a Bearer
+token (``$MEGATRON_RL_API_KEY``, ``--api-key-file``, else ``<run-dir>/api_key``, made 0600 on
+first use: :mod:`megatron_rl.rollout.auth`). A lone server binds ``--host`` (loopback by
+default); a fleet binds loopback on one node and the node's own address in a multi-node Slurm
+job, never every interface unless ``--host 0.0.0.0`` asks for it (docs/security.md).
+
 Seeds as SGLang uses them: a request's ``sampling_seed`` counts only in deterministic mode
 (``rollout.sglang.deterministic``, or ``--enable-deterministic-inference`` here); otherwise each
 server samples from its own seeded stream.
@@ -40,7 +46,32 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF-layout model folder to serve")
     parser.add_argument("--port", type=int, default=None, help="TCP port (single server)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
+    parser.add_argument(
+        "--host",
+        default=None,
+        help="address to bind (default: 127.0.0.1; a multi-node fleet: the node's own address; "
+        "0.0.0.0 binds every interface)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        default=None,
+        help="file holding the API key (default: $MEGATRON_RL_API_KEY, else <run-dir>/api_key, "
+        "generated mode 0600 when missing)",
+    )
+    parser.add_argument(
+        "--trainer-address",
+        default=None,
+        help="the trainer's address, the only master_address a weight-update group may name "
+        "when rollout.sglang.master_addr is unset (default: this host's addresses)",
+    )
+    limits = parser.add_argument_group("request bounds (embedded servers)")
+    limits.add_argument("--max-prompts-per-request", type=int, default=1024, help="prompts")
+    limits.add_argument(
+        "--max-tokens-per-request", type=int, default=1 << 22, help="prompt + n x new tokens"
+    )
+    limits.add_argument(
+        "--max-queued", type=int, default=0, help="samples queued at once (0: 16 x max_batch)"
+    )
     parser.add_argument(
         "--engine", default=None, help="engine name (default: the config's, else 'vllm')"
     )
@@ -64,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fleet.add_argument("--router-port", type=int, default=None, help="start the router here")
     fleet.add_argument("--router-url", default=None, help="register with this router instead")
-    fleet.add_argument("--run-dir", default=".", help="manifest, logs and current weights")
+    fleet.add_argument(
+        "--run-dir", default=".", help="manifest, logs, current weights and the API key file"
+    )
     fleet.add_argument("--health-timeout", type=float, default=300.0, help="seconds per server")
     fleet.add_argument(
         "--wait-workers",
@@ -77,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from megatron_rl.config import load_config
+    from megatron_rl.rollout.auth import fleet_key
     from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.server import serve
 
@@ -90,17 +124,28 @@ def main(args: argparse.Namespace) -> int:
         return _serve_fleet(args, engine, cfg)
     if args.port is None or not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535 (or use --num-servers), got {args.port}")
+    for flag in ("max_prompts_per_request", "max_tokens_per_request"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.max_queued < 0:
+        raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
+    key = fleet_key(args.run_dir, args.api_key_file)  # before the (slow) engine start
     seed = cfg.seed if args.seed is None else args.seed
     engine_cfg = replace(cfg.rollout, engine=engine, return_routed_experts=routed_experts(cfg))
     sg = cfg.rollout.sglang
     serve(
         build_engine(engine_cfg, args.model, seed),
         str(Path(args.model).resolve()),
-        args.host,
+        args.host or "127.0.0.1",
         args.port,
+        api_key=key,
         max_batch=cfg.rollout.max_batch,
         deterministic=args.enable_deterministic_inference or sg.deterministic,
         bucket_timeout_s=sg.bucket_timeout_s,
+        trainer=sg.master_addr or args.trainer_address or "",  # the address the trainer sends
+        max_prompts=args.max_prompts_per_request,
+        max_tokens=args.max_tokens_per_request,
+        max_queued=args.max_queued,
     )
     return 0
 
@@ -143,6 +188,7 @@ def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
     """The :class:`launch.servers.Fleet` that ``--num-servers`` runs (not started)."""
     from launch.server_args import sglang_server_args
     from launch.servers import Fleet
+    from megatron_rl.rollout.auth import fleet_key
 
     if args.router_port is None and args.router_url is None:
         raise ValueError("--num-servers needs --router-port (start a router) or --router-url")
@@ -150,6 +196,7 @@ def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
         raise ValueError(f"--node-index must be >= 0, got {args.node_index}")
     seed = cfg.seed if args.seed is None else args.seed
     embedded = [*(["--config", args.config] if args.config else []), *args.overrides]
+    embedded += _bound_flags(args)
     if args.enable_deterministic_inference:
         embedded.append("--enable-deterministic-inference")
         cfg.rollout.sglang.deterministic = True
@@ -161,7 +208,9 @@ def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
         gpus_per_server=args.gpus_per_server,
         router_port=args.router_port,
         router_url=args.router_url,
-        host=_reachable_host(),
+        host=fleet_host(args.host, args.router_url),
+        bind=args.host if args.host in ("0.0.0.0", "::") else None,
+        api_key=fleet_key(args.run_dir, args.api_key_file),
         health_timeout_s=args.health_timeout,
         sync_dir=cfg.rollout.sync_dir,
         gpu_ids=[int(x) for x in args.gpu_ids.split(",")] if args.gpu_ids else None,
@@ -176,20 +225,57 @@ def build_fleet(args: argparse.Namespace, engine: str, cfg: RunConfig) -> Fleet:
     )
 
 
-def _reachable_host() -> str:
-    """This node's name as other nodes reach it (Slurm's node name when inside a job)."""
+def _bound_flags(args: argparse.Namespace) -> list[str]:
+    """The request bounds and trainer address, passed on to each embedded server."""
+    out = ["--max-prompts-per-request", str(args.max_prompts_per_request)]
+    out += ["--max-tokens-per-request", str(args.max_tokens_per_request)]
+    out += ["--max-queued", str(args.max_queued)]
+    return out + (["--trainer-address", args.trainer_address] if args.trainer_address else [])
+
+
+def multi_node() -> bool:
+    """Whether this runs in a Slurm job of more than one node."""
+    return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1) > 1
+
+
+def fleet_host(flag: str | None, router_url: str | None) -> str:
+    """The address a fleet's servers and router bind and are reached at: ``--host`` when given
+    (0.0.0.0 / :: bind every interface and are reached at this node's address); else the
+    node's own address in a multi-node job (or when it joins another node's router), else
+    loopback."""
+    if flag and flag not in ("0.0.0.0", "::"):
+        return flag
+    if flag or multi_node() or router_url:
+        return node_address()
+    return "127.0.0.1"
+
+
+def node_address() -> str:
+    """This node's address as other nodes reach it (Slurm's node name when inside a job)."""
     import socket
 
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        return socket.gethostbyname(name)
+    except OSError as e:
+        raise ValueError(
+            f"cannot resolve this node's name {name!r} ({e}); pass --host ADDRESS"
+        ) from None
 
 
 def _wait_workers(args: argparse.Namespace) -> int:
     from launch.servers import Fleet
+    from megatron_rl.rollout.auth import fleet_key
 
     if not args.router_url:
         raise ValueError("--wait-workers needs --router-url")
     fleet = Fleet(
-        args.run_dir, "", 0, router_url=args.router_url, health_timeout_s=args.health_timeout
+        args.run_dir,
+        "",
+        0,
+        router_url=args.router_url,
+        health_timeout_s=args.health_timeout,
+        api_key=fleet_key(args.run_dir, args.api_key_file),
     )
     fleet.wait_workers(args.wait_workers)
     log.info("router %s lists %d healthy servers", args.router_url, args.wait_workers)

@@ -74,31 +74,44 @@ def fleet_key(run_dir: str | Path, key_file: str | None = None) -> str:
         return read_key_file(key_file)
     path = Path(run_dir) / KEY_FILE
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = secrets.token_urlsafe(32)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another node's fleet made it first: use theirs
-            return read_key_file(path)
+        return _make_key_file(path)
+    return read_key_file(path)
+
+
+def _make_key_file(path: Path) -> str:
+    """A new key in ``path``, published whole: written to a private temp file, then linked in
+    (``link`` fails when the name exists), so a racing reader sees no file or the whole key,
+    and racing writers all end with the first one's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = secrets.token_urlsafe(32)
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         with os.fdopen(fd, "w") as f:
             f.write(new + "\n")
             f.flush()
             os.fsync(f.fileno())
-        log.info("generated the fleet's API key in %s (mode 0600)", path)
-        return new
-    return read_key_file(path)
+        os.link(tmp, path)
+    except FileExistsError:  # another node's fleet made it first: use theirs
+        return read_key_file(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("generated the fleet's API key in %s (mode 0600)", path)
+    return new
 
 
-def client_key(key_file: str = "", run_dir: str | Path | None = None) -> str | None:
-    """The key a client sends: the environment's, ``key_file``'s (which must exist), or
-    ``<run_dir>/api_key`` when that exists; None when there is none (servers will answer 401)."""
+def client_key(key_file: str = "", run_dirs: list[Path] | None = None) -> str | None:
+    """The key a client sends: the environment's, ``key_file``'s (which must exist), or the
+    first ``<run_dir>/api_key`` of ``run_dirs`` that exists; None when there is none (servers
+    will answer 401, and the client's error says where a key comes from)."""
     key = env_key()
     if key is not None:
         return key
     if key_file:
         return read_key_file(key_file)
-    if run_dir is not None and (Path(run_dir) / KEY_FILE).is_file():
-        return read_key_file(Path(run_dir) / KEY_FILE)
+    for run_dir in run_dirs or []:
+        if (run_dir / KEY_FILE).is_file():
+            return read_key_file(run_dir / KEY_FILE)
     return None
 
 

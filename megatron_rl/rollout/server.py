@@ -31,6 +31,11 @@ a batch already inside the engine finishes there and its result for them is drop
 ``/update_weights_from_disk`` is not implemented by SGLang's ``load_format`` machinery: it calls
 the engine's ``update_weights_from_disk`` on a folder of HF ``*.safetensors``.
 
+Who may call it, and how much (:mod:`.server_guard`): every request but ``GET /health`` carries
+the fleet's API key (401 without it); a weight-update group may only be led by the configured
+trainer; a request's prompts and tokens and the queue of waiting samples are bounded (400 for a
+request that can never fit, 429 with ``Retry-After`` for one that does not fit now).
+
 Sampling seeds as SGLang applies them (``SamplingBatchInfo.from_schedule_batch``): a request's
 ``sampling_seed`` is honoured only when the server runs with ``--enable-deterministic-inference``
 (``deterministic=True``); otherwise every sample follows the server's own seeded stream
@@ -47,18 +52,18 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from megatron_rl.rollout import sglang_schema
-from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.rollout.server_batch import Batcher, EngineFailure, _Pending
+from megatron_rl.rollout.server_guard import QueueBound, TrainerCheck, auth_middleware, busy
 from megatron_rl.rollout.server_lock import RWLock, health_timeout_s
 from megatron_rl.rollout.server_requests import (
     Limits,
     ParsedGenerate,
-    aborted,
     completion_to_sglang,
     error_response,
     parse_generate,
@@ -69,153 +74,79 @@ from megatron_rl.rollout.server_weights import WeightReceiver
 
 log = logging.getLogger(__name__)
 
-BATCH_GAP_S = 0.005  # an idle engine waits this long for one more request of a burst ...
-BATCH_WINDOW_S = 0.05  # ... and at most this long in all (see EmbeddedServer._collect)
 MAX_BODY_BYTES = 32 * 1024**2  # larger bodies get 413; a 512k-token prompt is ~4 MiB of JSON
-
-
-class EngineFailure(RuntimeError):
-    """``engine.generate`` failed on one request run alone: answered 500 (400 if ValueError)."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"engine.generate failed on this request: {type(cause).__name__}: {cause}")
-        self.status = 400 if isinstance(cause, ValueError) else 500
-
-
-@dataclass
-class _Pending:
-    """One prompt of a /generate call waiting for its ``n`` completions."""
-
-    rid: str
-    request: GenRequest
-    future: asyncio.Future[list[Completion]] = field(repr=False)
+PARSE_OFF_LOOP_BYTES = 64 * 1024  # larger /generate bodies are parsed on a thread, not the loop
 
 
 class EmbeddedServer:
-    """SGLang-native HTTP front for one engine. ``app()`` gives the aiohttp application."""
+    """SGLang-native HTTP front for one engine. ``app()`` gives the aiohttp application.
+
+    ``api_key``: the Bearer token every request but ``GET /health`` must carry (None: no check,
+    for a server embedded in a test's own process; ``megatron-rl serve`` always sets one).
+    ``trainer``: the only ``master_address`` a weight-update group may name (:mod:`.server_guard`).
+    """
 
     def __init__(
         self,
         engine: RolloutEngine,
         model_path: str,
+        *,
+        api_key: str | None,
         max_batch: int = 256,
         deterministic: bool = False,
         bucket_timeout_s: float = 60.0,
+        trainer: str = "",
+        max_prompts: int = 1024,
+        max_tokens: int = 1 << 22,
+        max_queued: int = 0,
     ) -> None:
         self.engine = engine
         self.model_path = model_path
-        self.max_batch = max_batch  # most sequences (prompts x n) per engine call
         self.deterministic = deterministic  # honour sampling_seed (SGLang's deterministic mode)
         self.lock = RWLock()  # SGLang's model_update_lock: requests read, weight updates write
         self.weight_version = "default"
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.inflight: dict[str, list[_Pending]] = {}
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
         self.stats |= {"batch_splits": 0, "failed": 0, "abort_requests": 0, "health_checks": 0}
         self.limits = Limits(
-            engine.vocab_size or None, engine.context_len, max_batch, engine.routed_experts
+            engine.vocab_size or None,
+            engine.context_len,
+            max_batch,
+            engine.routed_experts,
+            max_prompts,
+            max_tokens,
         )
+        self.api_key = api_key
+        self.trainer = TrainerCheck(trainer)  # who may lead a weight-update group
+        self.queued = QueueBound(max_queued or 16 * max_batch)  # samples waiting or running
         self._tokenizer: Any = None
+        self.batcher = Batcher(engine, max_batch, self.stats)
         self._batcher: asyncio.Task[None] | None = None
         self.receiver = WeightReceiver(self, bucket_timeout_s)  # /init_weights_update_group...
-
-    # ---- batching -------------------------------------------------------------------------
-    async def _run_batches(self) -> None:
-        while True:
-            batch = [p for p in await self._collect() if not p.future.done()]  # not aborted
-            if batch:
-                self.stats["batches"] += 1
-                await self._generate_batch(batch)
-
-    async def _collect(self) -> list[_Pending]:
-        """The next batch: what is queued, plus what keeps arriving (gaps < ``BATCH_GAP_S``,
-        for at most ``BATCH_WINDOW_S``) while the engine is idle, up to ``max_batch`` rows.
-
-        The engine batches whole requests, so the first request of a burst (a trainer step
-        sends one request per sample) must not leave alone while the rest are in flight.
-        """
-        loop = asyncio.get_running_loop()
-        batch = [await self.queue.get()]
-        seqs = batch[0].request.params.n
-        deadline = loop.time() + BATCH_WINDOW_S
-        while seqs < self.max_batch:
-            if self.queue.empty():
-                wait = min(BATCH_GAP_S, deadline - loop.time())
-                if wait <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), wait))
-                except TimeoutError:
-                    break
-            else:
-                batch.append(self.queue.get_nowait())
-            seqs += batch[-1].request.params.n
-        return batch
-
-    async def _generate_batch(self, batch: list[_Pending]) -> None:
-        """Run one engine call; if it fails, bisect so that only the failing request(s) fail.
-
-        Requests are validated before they are queued, so a failure here is unexpected; halving
-        keeps the innocent ones batched and finds one culprit in ~log2(len(batch)) extra calls.
-        """
-        loop = asyncio.get_running_loop()
-        reqs = [p.request for p in batch]
-        try:
-            outs = await loop.run_in_executor(self.executor, self.engine.generate, reqs)
-        except Exception as e:  # reported to the culprit only, the server keeps serving
-            if len(batch) == 1:
-                log.warning("engine.generate failed on request %s: %r", batch[0].rid, e)
-                self.stats["failed"] += 1
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(EngineFailure(e))
-                return
-            log.warning("engine.generate failed on a batch of %d; splitting it: %r", len(batch), e)
-            self.stats["batch_splits"] += 1
-            half = len(batch) // 2
-            for part in (batch[:half], batch[half:]):
-                live = [p for p in part if not p.future.done()]
-                if live:
-                    await self._generate_batch(live)
-            return
-        for p, out in zip(batch, outs, strict=True):
-            if not p.future.done():
-                p.future.set_result(out)
-
-    async def _submit(self, rid: str, req: GenRequest) -> list[Completion]:
-        fut: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
-        pending = _Pending(rid, req, fut)
-        self.inflight.setdefault(rid, []).append(pending)
-        await self.queue.put(pending)
-        try:
-            return await fut
-        finally:
-            group = self.inflight.get(rid, [])
-            if pending in group:
-                group.remove(pending)
-            if not group:
-                self.inflight.pop(rid, None)
-
-    def check_new_rids(self, rids: list[str]) -> None:
-        """SGLang's TokenizerManager rejects a rid already in flight ("Duplicate request ID
-        detected", HTTP 400) and a batch repeating a rid; so does this server."""
-        dup = [r for r in rids if r in self.inflight] or [r for r in rids if rids.count(r) > 1]
-        if dup:
-            raise ValueError(f"Duplicate request ID detected: {dup[0]}")
 
     # ---- handlers -------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
             parsed = await self._parse_generate(request)
-            self.check_new_rids(parsed.rids)
+            self.batcher.check_new_rids(parsed.rids)
         except ValueError as e:
             return error_response(400, str(e))
+        samples = sum(q.params.n for q in parsed.requests)
+        if not self.queued.take(samples):
+            self.stats["busy"] = self.stats.get("busy", 0) + 1
+            return busy(self.queued, samples)
+        try:
+            return await self._generate(request, parsed)
+        finally:
+            self.queued.give(samples)
+
+    async def _generate(self, request: web.Request, parsed: ParsedGenerate) -> web.StreamResponse:
         self.stats["requests"] += 1
         if not self.deterministic:  # SGLang ignores sampling_seed outside deterministic mode
             for q in parsed.requests:
                 q.params.seed = None
         async with self.lock.reader():  # held for the request's life, as SGLang holds it
-            subs = [self._submit(r, q) for r, q in zip(parsed.rids, parsed.requests, strict=True)]
+            pairs = zip(parsed.rids, parsed.requests, strict=True)
+            subs = [self.batcher.submit(r, q) for r, q in pairs]
             results = await asyncio.gather(*subs, return_exceptions=True)
         for res in results:
             if isinstance(res, EngineFailure):
@@ -242,17 +173,19 @@ class EmbeddedServer:
 
     async def _parse_generate(self, request: web.Request) -> ParsedGenerate:
         """The validated body; ``ValueError`` (-> 400) names the bad field."""
+        raw = await request.read()
+        if len(raw) <= PARSE_OFF_LOOP_BYTES and b'"text"' not in raw:
+            return self._parse_body(raw)
+        # a large body takes a while to decode and check, and tokenising a text longer still:
+        # off the event loop (not the engine's thread), so other requests are answered meanwhile
+        return await asyncio.get_running_loop().run_in_executor(None, self._parse_body, raw)
+
+    def _parse_body(self, raw: bytes) -> ParsedGenerate:
         try:
-            body = json.loads(await request.read())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise ValueError(f"the /generate body is not valid JSON: {e!r}") from None
-        if isinstance(body, dict) and body.get("text") is not None:
-            # tokenising a long text takes a while: off the event loop (not the engine thread)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                None, parse_generate, body, self.limits, self._tokenize
-            )
-        return parse_generate(body, self.limits, None)
+        return parse_generate(body, self.limits, self._tokenize)
 
     def _tokenize(self, text: str) -> list[int]:
         """``text`` -> token ids with the served model's tokenizer (loaded on first use)."""
@@ -266,19 +199,27 @@ class EmbeddedServer:
         return list(self._tokenizer.encode(text))
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
-        sglang_schema.validate("abort_request", body)
+        try:
+            body = await request.json() if request.can_read_body else {}
+            sglang_schema.validate("abort_request", body)
+        except ValueError as e:  # json.JSONDecodeError too
+            return error_response(400, str(e))
         self.stats["abort_requests"] += 1
         self.abort(None if body.get("abort_all") else body.get("rid") or "")
         return web.json_response({"success": True})
 
     def abort(self, rid: str | None) -> None:
         """Answer ``rid`` (every request in flight when None: ``abort_all``) as aborted."""
-        for r in list(self.inflight) if rid is None else [rid]:
-            for p in list(self.inflight.get(r, [])):
-                if not p.future.done():
-                    p.future.set_result(aborted(p.request.params.n))
-                    self.stats["aborted"] += 1
+        self.batcher.abort(rid)
+
+    @property
+    def inflight(self) -> dict[str, list[_Pending]]:
+        return self.batcher.inflight
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The engine's one thread: batches and weight updates never race."""
+        return self.batcher.executor
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -313,7 +254,7 @@ class EmbeddedServer:
 
         async def one_token() -> None:
             async with self.lock.reader():
-                await self._submit(f"HEALTH_CHECK_{uuid.uuid4().hex}", req)
+                await self.batcher.submit(f"HEALTH_CHECK_{uuid.uuid4().hex}", req)
 
         try:
             await asyncio.wait_for(one_token(), health_timeout_s())
@@ -339,7 +280,8 @@ class EmbeddedServer:
 
     # ---- application ----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        guard = [] if self.api_key is None else [auth_middleware(self.api_key)]
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=guard)
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_get("/health", self.health)
@@ -357,7 +299,7 @@ class EmbeddedServer:
         return app
 
     async def _start(self, app: web.Application) -> None:
-        self._batcher = asyncio.create_task(self._run_batches())
+        self._batcher = asyncio.create_task(self.batcher.run())
 
     async def _stop(self, app: web.Application) -> None:
         if self._batcher is not None:

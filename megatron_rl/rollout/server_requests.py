@@ -47,6 +47,8 @@ class Limits:
     context_len: int | None  # prompt + max_new_tokens at most this (None: unchecked)
     max_n: int  # most completions (n) per prompt: the server's batch size
     routed_experts: bool = False  # the engine records routed experts (--enable-return-...)
+    max_prompts: int = 1024  # most prompts in one /generate body (a batch of input_ids)
+    max_tokens: int = 1 << 22  # most tokens one body may cost: prompts + n x max_new_tokens
 
 
 @dataclass
@@ -62,8 +64,16 @@ class ParsedGenerate:
 
 
 def precheck_size(body: Any, limits: Limits) -> None:
-    """Reject an over-long ``input_ids`` prompt before the (slow, per-item) schema check."""
+    """Reject too many prompts and an over-long ``input_ids`` prompt before the (slow,
+    per-item) schema check: a body of millions of tiny prompts costs one ``len`` here."""
     ids = body.get("input_ids") if isinstance(body, dict) else None
+    text = body.get("text") if isinstance(body, dict) else None
+    batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else text
+    if isinstance(batch, list) and len(batch) > limits.max_prompts:
+        raise ValueError(
+            f"{'input_ids' if batch is ids else 'text'}: {len(batch)} prompts in one request; "
+            f"this server takes at most {limits.max_prompts} (--max-prompts-per-request)"
+        )
     if limits.context_len is None or not isinstance(ids, list):
         return
     prompts = [ids] if not ids or not isinstance(ids[0], list) else ids
@@ -102,6 +112,12 @@ def parse_generate(
         except ValueError as e:
             raise ValueError(f"{where}{e}") from None
         requests.append(req)
+    cost = sum(len(r.prompt_ids) + r.params.n * r.params.max_tokens for r in requests)
+    if cost > limits.max_tokens:
+        raise ValueError(
+            f"the request costs {cost} tokens (prompts + n x max_new_tokens); this server "
+            f"takes at most {limits.max_tokens} per request (--max-tokens-per-request)"
+        )
     return ParsedGenerate(
         requests, rids, single, bool(body.get("return_logprob")), bool(body.get("stream")), routed
     )

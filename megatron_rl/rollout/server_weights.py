@@ -78,6 +78,11 @@ class WeightReceiver:
     async def init_group(self, request: web.Request) -> web.Response:
         try:
             b = await self._body(request, "init_weights_update_group")
+            refused = self.server.trainer.refuse(str(b["master_address"]))
+            if refused is not None:  # never connect to, or take tensors from, anyone else
+                log.warning("init_weights_update_group refused: %s", refused)
+                msg = f"Failed to initialize custom process group: {refused}"
+                return web.json_response({"success": False, "message": msg}, status=403)
             name = b.get("group_name", "weight_update_group")
             self.leave_all(f"a new group {name!r} is being built")
             pg = await asyncio.get_running_loop().run_in_executor(

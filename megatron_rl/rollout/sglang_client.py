@@ -102,7 +102,10 @@ class SGLangEngine(RolloutEngine):
 
     async def _make_client(self) -> SGLangClient:
         shape = self._routes_shape() if self.routed_experts else None
-        key = client_key(self.cfg.sglang.api_key_file, self.sync_dir.parent)  # the run dir
+        # the run directory holds the fleet's key: the sync dir's parent (the fleet's default),
+        # or the exported weights' (<run_dir>/engine_weights)
+        run_dirs = [self.sync_dir.parent, Path(self.model_dir).parent]
+        key = client_key(self.cfg.sglang.api_key_file, run_dirs)
         return SGLangClient(
             self.cfg.urls[0], self.cfg.sglang, self.cfg.request_timeout_s, shape, api_key=key
         )

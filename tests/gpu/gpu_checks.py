@@ -134,7 +134,7 @@ def weight_update_check(ctx: Ctx) -> dict[str, Any]:
     from megatron_rl.rollout.sglang_client import SGLangEngine
 
     server = EmbeddedServer(HFEngine(RolloutConfig(engine="hf"), str(ctx.model), seed=0),
-                            str(ctx.model), deterministic=True)  # fmt: skip
+                            str(ctx.model), deterministic=True, api_key=None)  # fmt: skip
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     runner = web.AppRunner(server.app(), access_log=None)

@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from megatron_rl.rollout.auth import bearer, env_key
+
 # kind -> (body maker, text the error message must contain)
 _HOSTILE: dict[str, tuple[Any, str]] = {
     "over_long": (lambda r, v, c: {"input_ids": [r.randrange(v)] * 200_000}, "context length"),
@@ -150,7 +152,7 @@ async def run_load(url: str, requests: list[Request], concurrency: int) -> LoadR
     res = LoadResult(wall_s=0.0)
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=300)
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **bearer(env_key())}  # the fleet's API key
 
     async def one(session: aiohttp.ClientSession, req: Request) -> None:
         async with sem:

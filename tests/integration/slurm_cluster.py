@@ -75,6 +75,8 @@ class SlurmCluster:
         env["SLURM_CONF"] = str(self.conf)
         # jobs inherit it: the venv's megatron-rl and torchrun, also when pytest is run directly
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # jobs find the fleet's API key as a real job does: the fleet makes <run dir>/api_key
+        env.pop("MEGATRON_RL_API_KEY", None)
         return env
 
     # ---- set-up -------------------------------------------------------------------------

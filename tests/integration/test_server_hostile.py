@@ -47,7 +47,8 @@ class PoisonedEngine(HFEngine):
 @pytest.fixture(scope="module")
 def served():
     engine = PoisonedEngine(RolloutConfig(engine="hf"), str(MODEL), seed=0)
-    server = EmbeddedServer(engine, str(MODEL), max_batch=64, deterministic=True)  # seeds count
+    # seeds count (deterministic); no API key: an in-process server (test_fleet_auth has keys)
+    server = EmbeddedServer(engine, str(MODEL), max_batch=64, deterministic=True, api_key=None)
     st = ServerThread(server)
     yield st, server
     st.close()

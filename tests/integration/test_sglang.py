@@ -66,7 +66,7 @@ def served(models: tuple[Path, Path]):
     cfg = RolloutConfig(engine="hf", max_new_tokens=8)
     # deterministic: sampling_seed counts (SGLang's --enable-deterministic-inference)
     server = EmbeddedServer(
-        HFEngine(cfg, str(models[0]), seed=0), str(models[0]), deterministic=True
+        HFEngine(cfg, str(models[0]), seed=0), str(models[0]), deterministic=True, api_key=None
     )
     st = ServerThread(server)
     yield st, server
@@ -181,7 +181,7 @@ def test_need_groups_returns_early_and_aborts_the_rest(served, tmp_path):
 def test_update_weights_from_disk_changes_logprobs_and_is_recorded(models, tmp_path):
     cfg = RolloutConfig(engine="hf", max_new_tokens=8)
     engine = HFEngine(cfg, str(models[0]), seed=0)
-    st = ServerThread(EmbeddedServer(engine, str(models[0]), deterministic=True))
+    st = ServerThread(EmbeddedServer(engine, str(models[0]), deterministic=True, api_key=None))
     client = _client(st.url, tmp_path)
     try:
         req = _requests(1, 1)

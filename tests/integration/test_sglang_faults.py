@@ -91,7 +91,7 @@ def test_health_waits_for_a_long_update_and_the_next_step_sees_no_503(
     router: Fleet, model: Path, tmp_path: Path
 ) -> None:
     engine = SlowLoadEngine(RolloutConfig(engine="hf"), str(model), seed=0)
-    st = _serve(router, EmbeddedServer(engine, str(model)))
+    st = _serve(router, EmbeddedServer(engine, str(model), api_key=None))
     client = _client(str(router.router_url), tmp_path)
     try:
         t0 = time.monotonic()
@@ -118,7 +118,9 @@ def test_health_waits_for_a_long_update_and_the_next_step_sees_no_503(
 
 def test_aborts_are_one_request_per_worker(router: Fleet, model: Path, tmp_path: Path) -> None:
     servers = [
-        EmbeddedServer(HFEngine(RolloutConfig(engine="hf"), str(model), seed=s), str(model))
+        EmbeddedServer(
+            HFEngine(RolloutConfig(engine="hf"), str(model), seed=s), str(model), api_key=None
+        )
         for s in (0, 1)
     ]
     threads = [_serve(router, s) for s in servers]
@@ -143,7 +145,7 @@ def test_aborts_are_one_request_per_worker(router: Fleet, model: Path, tmp_path:
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_sampling_seed_counts_only_in_deterministic_mode(model: Path, deterministic: bool) -> None:
     engine = RecordingEngine(RolloutConfig(engine="hf"), str(model), seed=0)
-    st = ServerThread(EmbeddedServer(engine, str(model), deterministic=deterministic))
+    st = ServerThread(EmbeddedServer(engine, str(model), deterministic=deterministic, api_key=None))
     try:
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2,
                 "sampling_seed": 1234}}  # fmt: skip

@@ -49,7 +49,7 @@ class GatedEngine(HFEngine):
 def gated(tmp_path: Path):
     model = make_tiny_qwen2(tmp_path / "m", "test", seed=0)
     engine = GatedEngine(RolloutConfig(engine="hf"), str(model), seed=0)
-    st = ServerThread(EmbeddedServer(engine, str(model)))
+    st = ServerThread(EmbeddedServer(engine, str(model), api_key=None))
     yield st, engine
     engine.gate.set()
     st.close()

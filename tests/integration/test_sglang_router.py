@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import auth_headers
 
 from launch.servers import Fleet, assign_gpus, free_port
 from megatron_rl.rollout.base import GenRequest, SamplingParams
@@ -25,7 +26,9 @@ from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=auth_headers()), timeout=10
+    ) as r:
         return json.loads(r.read())
 
 

@@ -34,7 +34,7 @@ TINY_MOE = Path(__file__).resolve().parents[2] / "models" / "tiny-moe"
 def served():
     torch.set_num_threads(1)
     cfg = RolloutConfig(engine="hf", return_routed_experts=True)
-    server = EmbeddedServer(HFEngine(cfg, str(TINY_MOE), seed=0), str(TINY_MOE))
+    server = EmbeddedServer(HFEngine(cfg, str(TINY_MOE), seed=0), str(TINY_MOE), api_key=None)
     st = ServerThread(server)
     yield st, server
     st.close()
@@ -94,7 +94,9 @@ def test_wire_format_is_base64_int32(served) -> None:
 
 
 def test_server_without_routed_experts_refuses_the_request(tmp_path: Path) -> None:
-    server = EmbeddedServer(HFEngine(RolloutConfig(engine="hf"), str(TINY_MOE), 0), str(TINY_MOE))
+    server = EmbeddedServer(
+        HFEngine(RolloutConfig(engine="hf"), str(TINY_MOE), 0), str(TINY_MOE), api_key=None
+    )
     st = ServerThread(server)
     try:
         body = {"input_ids": [3, 4], "return_routed_experts": True,

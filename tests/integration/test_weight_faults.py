@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from launch.servers import Fleet, Proc, free_port
+from megatron_rl.rollout.auth import API_KEY_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,7 +154,7 @@ def test_server_death_mid_broadcast_costs_one_retry(tmp_path: Path) -> None:
             "rollout.sglang.group_timeout_s=60", f"rollout.sync_dir={tmp_path / 'sync'}",
         ]  # fmt: skip
         env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-        env |= {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+        env |= {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", API_KEY_ENV)}
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)  # fmt: skip
         try:

@@ -32,6 +32,7 @@ from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.slurm_config import SlurmConfig
 from megatron_rl.scheduler.config import SchedulerConfig
+from megatron_rl.text_checks import check_line, check_path_component
 from megatron_rl.tracking.config import TrackingConfig
 from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
 
@@ -65,6 +66,9 @@ class RunConfig:
 
     def validate(self) -> None:
         """Checks across sections (each section validated its own fields first)."""
+        # before anything is written: run_dir must stay one folder inside output_dir
+        check_path_component("run_name", self.run_name, "output_dir")
+        check_line("output_dir", self.output_dir)
         if self.rollout.top_p < 1:
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p}: the trainer scores tokens under the full "

@@ -120,6 +120,8 @@ def render_sbatch(
     """The complete sbatch script for ``cfg`` laid out by ``slurm``."""
     import jinja2
 
+    from megatron_rl.rollout.slurm_values import output_pattern, sbatch_quote
+
     trainer_nodes, rollout_nodes = slurm.layout()
     colocated = slurm.nodes == 1
     run_dir = Path(cfg.output_dir).resolve() / cfg.run_name
@@ -129,6 +131,7 @@ def render_sbatch(
             "the rollout servers need an HF model to start from: set model.hf_path or "
             "slurm.server_model (the trainer pushes its own weights to them at start)"
         )
+    check_rendered_values(cfg, slurm, config)
     n_srv = slurm.servers() * slurm.gpus_per_server
     trainer_gpus = slurm.trainer_gpus()
     extra = " ".join(shlex.quote(o) for o in train_overrides)
@@ -155,7 +158,8 @@ def render_sbatch(
             "first rollout node"
         )
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["q"] = lambda v: shlex.quote(str(v))  # a shell word
+    env.filters["sq"] = lambda v: sbatch_quote(str(v))  # a word of an #SBATCH line
     template = env.from_string(TEMPLATE.read_text())
     return template.render(
         s=slurm,
@@ -164,6 +168,7 @@ def render_sbatch(
         config=config,
         config_path=str(Path(config).resolve()),
         run_dir=str(run_dir),
+        output=output_pattern(str(run_dir)),
         server_model=str(Path(server_model).resolve()),
         layout=layout,
         colocated=colocated,
@@ -183,6 +188,20 @@ def render_sbatch(
         rdzv_port_base=RDZV_PORT_BASE,
         weight_port_base=WEIGHT_PORT_BASE,
     )
+
+
+def check_rendered_values(cfg: RunConfig, slurm: SlurmConfig, config: str) -> None:
+    """Every config value the template writes is one line (a newline would start a command) and
+    in the format sbatch reads on ``#SBATCH`` lines; ValueError naming the key. Checked again
+    here, after ``load_with_slurm``'s validation, for configs built in code, and for the model
+    and config paths, which no section checks."""
+    from megatron_rl.text_checks import check_line, check_path_component
+
+    slurm.validate()
+    check_path_component("run_name", cfg.run_name, "output_dir")
+    check_line("output_dir", cfg.output_dir)
+    check_line("model.hf_path", cfg.model.hf_path or "")
+    check_line("CONFIG", config)
 
 
 def shutdown_timeout(slurm: SlurmConfig) -> int:

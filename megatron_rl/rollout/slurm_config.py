@@ -14,9 +14,10 @@ in docs/slurm.md. Sizes that cannot fit the allocation raise ``ValueError`` at s
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Literal
+
+from megatron_rl.rollout.slurm_values import check_strings
 
 
 @dataclass
@@ -31,8 +32,8 @@ class SlurmConfig:
     server_engine: Literal["sglang", "vllm", "hf"] = "sglang"  # sglang on GPUs, else embedded
     server_model: str = ""  # HF model the servers start from ('' -> model.hf_path)
     router_port: int = 30000  # sglang-router port on the first rollout node
-    time_limit: str = "04:00:00"  # --time, [days-]hours:minutes:seconds
-    partition: str = ""  # --partition ('' -> the cluster's default)
+    time_limit: str = "04:00:00"  # --time, [days-]hours:minutes:seconds (sbatch's formats)
+    partition: str = ""  # --partition, a name or a comma list ('' -> the cluster's default)
     account: str = ""  # --account ('' -> the user's default)
     qos: str = ""  # --qos ('' -> default)
     cpus_per_node: int = 0  # --cpus-per-task of the one task per node (0: Slurm's default)
@@ -40,14 +41,14 @@ class SlurmConfig:
     container_image: str = ""  # pyxis/enroot image for every srun step ('' -> no container)
     container_mounts: str = ""  # pyxis --container-mounts, e.g. '/data:/data'
     network_interface: str = ""  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME ('' -> auto)
-    setup: list[str] = field(default_factory=list)  # shell lines run first (module load...)
+    setup: list[str] = field(default_factory=list)  # shell lines run first, verbatim, one each
     cli: str = "megatron-rl"  # how to run the CLI on the nodes (e.g. /shared/venv/bin/megatron-rl)
     train_command: str = ""  # trainer command ('' -> '<cli> train CONFIG'); test hook for fakes
     signal_before_end_s: int = 300  # seconds before the time limit that USR1 asks for a checkpoint
     requeue: bool = True  # requeue after that signal (and allow Slurm to requeue on preemption)
     health_timeout_s: int = 900  # seconds a server may take to become healthy before failing
     trainer_procs_per_node: int = 0  # trainer ranks per trainer node (0: its GPUs; CPU: 1)
-    extra_sbatch: list[str] = field(default_factory=list)  # more '#SBATCH' options, verbatim
+    extra_sbatch: list[str] = field(default_factory=list)  # more '#SBATCH' lines ('--exclusive')
 
     def layout(self) -> tuple[int, int]:
         """(trainer nodes, rollout nodes); both 1 and shared when ``nodes == 1``."""
@@ -107,9 +108,6 @@ class SlurmConfig:
             )
         if self.server_engine == "sglang" and self.gpus_per_server < 1:
             raise ValueError("slurm.server_engine=sglang needs gpus_per_server >= 1")
-        if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}:\d{2}", self.time_limit):
-            raise ValueError(
-                f"slurm.time_limit={self.time_limit!r} must look like HH:MM:SS or D-HH:MM:SS"
-            )
+        check_strings(self)  # one line each; sbatch's formats on #SBATCH lines
         if not 0 < self.router_port < 65536:
             raise ValueError(f"slurm.router_port must be in 1..65535, got {self.router_port}")

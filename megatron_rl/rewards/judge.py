@@ -2,8 +2,11 @@
 reference) through a template and answers with a verdict that is parsed into [0, 1].
 
 The judge runs on the rollout engines (``hf`` or ``vllm`` in a child process of its own by
-default, so a stuck or dead judge can be killed and started again without touching the run;
-``sglang`` for a judge server) and scores a step's samples in one batched call, greedy. Its
+default, so a stuck or dead judge can be killed and started again without touching the run)
+or on a judge server (``engine: sglang``: SGLang, sglang-router or ``megatron-rl serve`` at
+``urls``, the API key from ``$MEGATRON_RL_API_KEY`` or ``api_key_file``; a client that only
+generates, :mod:`.judge_client`, never pushes weights to it) and scores a step's samples in one
+batched call, greedy; ``model`` gives its tokenizer then (and, locally, its weights). Its
 score enters a sample's reward as ``rewards.judge.weight x verdict`` for the domains its
 ``domains`` patterns select, on top of the verifier's terms (a domain without a checker gives
 its verifier ``outcome: 0``).
@@ -16,10 +19,13 @@ verification failed. Kinds:
 * ``unparsable``: no score in the answer (``parse: score``: the first number, divided by
   ``scale`` and kept only in [0, 1]) or no listed choice (``parse: choice``: the first word of
   ``choices`` found, case-insensitive);
-* ``timeout``: the batch took longer than ``timeout_s`` (the judge process is killed and a new one
-  started for the next batch);
-* ``dead``: the judge's engine raised or its process died (started again for the next batch; if
-  it cannot be started, every sample of the batch is counted ``dead`` and the run goes on).
+* ``timeout``: the batch, start-up of the judge included, took longer than ``timeout_s`` (plus
+  ``start_timeout_s`` when it started the judge): the judge process is killed and a new one
+  started for the next batch;
+* ``dead``: the judge's engine raised, its process died or its server cannot be reached
+  (started again for the next batch). A judge that cannot be started is retried with back-off:
+  the batches in between are counted ``dead`` at once (:mod:`megatron_rl.rewards.service`), and
+  the run goes on.
 """
 
 from __future__ import annotations
@@ -46,12 +52,17 @@ class JudgeConfig:
 
     model: str = ""  # HF-layout checkpoint of the judge ("": no judge); not tied to the policy
     engine: str = "hf"  # a rollout engine: hf, vllm (own process), sglang (a judge server)
+    urls: list[str] = field(default_factory=list)  # engine sglang: http(s) URLs of the judge
+    # server or its router; the first that answers is used
+    api_key_file: str = ""  # engine sglang: file with the judge server's API key
+    # ($MEGATRON_RL_API_KEY wins; "": none but the environment's; rollout/auth.py)
     template: str = TEMPLATE  # fields {prompt}, {response}, {gold}
     parse: str = "score"  # 'score': first number / scale in [0, 1]; 'choice': see choices
     scale: float = 10.0  # score parse: the verdict's full mark
     choices: dict[str, float] = field(default_factory=dict)  # choice parse: word -> reward
     max_tokens: int = 8  # verdict tokens the judge may write
-    timeout_s: float = 60.0  # one batched judge call
+    timeout_s: float = 60.0  # one batched judge call, seconds, start-up of the judge included
+    start_timeout_s: float = 0.0  # extra seconds for a batch that starts the judge (model load)
     weight: float = 1.0  # reward += weight x verdict (on the judged domains)
     replace: bool = False  # its weighted score is the reward on its domains, instead of the
     # verifier's terms (a constraint's price still applies; held-out accuracy stays the verifier's)
@@ -69,11 +80,43 @@ class JudgeConfig:
                 f"rewards.judge: scale and timeout_s must be > 0 and max_tokens >= 1, got "
                 f"{self.scale}, {self.timeout_s}, {self.max_tokens}"
             )
+        if self.start_timeout_s < 0:
+            raise ValueError(
+                f"rewards.judge.start_timeout_s must be >= 0, got {self.start_timeout_s}"
+            )
+        self._validate_urls()
         if self.model and not self.domains:
             raise ValueError("rewards.judge.model is set but rewards.judge.domains selects none")
         for k in ("{response}",):
             if k not in self.template:
                 raise ValueError(f"rewards.judge.template must contain {k}")
+
+    def _validate_urls(self) -> None:
+        from urllib.parse import urlsplit
+
+        if self.engine != "sglang":
+            if self.urls:
+                raise ValueError(
+                    f"rewards.judge.urls is set but rewards.judge.engine={self.engine!r}: the "
+                    "URLs are a judge server's, for engine sglang"
+                )
+            return
+        if not self.urls:
+            raise ValueError(
+                "rewards.judge.engine=sglang needs rewards.judge.urls=[http://HOST:PORT] (the "
+                "judge server or its router)"
+            )
+        for i, url in enumerate(self.urls):
+            try:
+                parts = urlsplit(url)
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+                ok = ok and (parts.port or 1) > 0  # a port that is not a number raises
+            except (TypeError, ValueError, AttributeError):
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"rewards.judge.urls[{i}]={url!r}: not an http(s) URL (http://HOST:PORT)"
+                )
 
 
 def parse_verdict(text: str, cfg: JudgeConfig) -> float | str:
@@ -106,7 +149,8 @@ class Judge(Deadlined):
         make_engine: Callable[[], Any] | None = None,
         tokenizer: Any = None,
     ) -> None:
-        super().__init__(make_engine or self._default_engine, cfg.timeout_s, cfg.domains)
+        make = make_engine or self._default_engine
+        super().__init__(make, cfg.timeout_s, cfg.domains, cfg.start_timeout_s)
         self.cfg, self.seed = cfg, seed
         if tokenizer is None:  # the judge's own: it need not be the policy's
             from megatron_rl.model.tokenizer import load_tokenizer
@@ -115,9 +159,21 @@ class Judge(Deadlined):
         self.tokenizer = tokenizer
 
     def _default_engine(self) -> Any:
+        """A judge server's client (engine sglang), else the engine in a child process."""
         from megatron_rl.rollout.build import build_engine
-        from megatron_rl.rollout.config import RolloutConfig
+        from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 
+        if self.cfg.engine == "sglang":
+            from megatron_rl.rewards.judge_client import JudgeClient
+
+            rc = RolloutConfig(
+                engine="sglang",
+                urls=list(self.cfg.urls),
+                max_new_tokens=self.cfg.max_tokens,
+                request_timeout_s=self.cfg.timeout_s,  # no request outlives its batch
+                sglang=SGLangConfig(api_key_file=self.cfg.api_key_file),
+            )
+            return JudgeClient(rc)
         rc = RolloutConfig(
             engine=self.cfg.engine, process="own", max_new_tokens=self.cfg.max_tokens
         )

@@ -16,7 +16,9 @@ The score is normalised (``normalise``: ``sigmoid`` into (0, 1), ``batch`` a z-s
 step's scored samples, ``none``) and enters a sample's reward as ``weight x score`` for the
 domains ``domains`` selects. As with the judge (megatron_rl/rewards/service.py), a sample the
 model cannot score (``timeout``, ``dead``, a non-finite score: ``invalid``) is counted under
-``reward_model/failures/<kind>`` and its group is dropped from training, never scored 0.
+``reward_model/failures/<kind>`` and its group is dropped from training, never scored 0. The
+child's start-up (the model load) runs inside the batch's deadline, ``timeout_s`` plus
+``start_timeout_s``: a start-up that fails or is late is counted and backed off from.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from typing import Any
 from megatron_rl.domains.base import Task
 from megatron_rl.rewards.service import Deadlined
 
-START_TIMEOUT_S = 300.0
-
 
 @dataclass
 class RewardModelConfig:
@@ -44,7 +44,8 @@ class RewardModelConfig:
     replace: bool = False  # its weighted score is the reward on its domains, instead of the
     # verifier's terms (a constraint's price still applies; held-out accuracy stays the verifier's)
     normalise: str = "sigmoid"  # sigmoid | batch (z-score over the step) | none
-    timeout_s: float = 60.0  # one batched call
+    timeout_s: float = 60.0  # one batched call, seconds, start-up of the scorer included
+    start_timeout_s: float = 0.0  # extra seconds for a batch that starts it (model load)
     batch_size: int = 64  # sequences per forward in the child
     threads: int = 1  # the child's torch threads
 
@@ -61,6 +62,10 @@ class RewardModelConfig:
             raise ValueError("rewards.reward_model: set model or server, not both")
         if self.timeout_s <= 0 or self.batch_size < 1 or self.threads < 1:
             raise ValueError("rewards.reward_model: timeout_s > 0, batch_size and threads >= 1")
+        if self.start_timeout_s < 0:
+            raise ValueError(
+                f"rewards.reward_model.start_timeout_s must be >= 0, got {self.start_timeout_s}"
+            )
 
 
 def _child(conn: Any, model_dir: str, threads: int, batch_size: int) -> None:
@@ -96,7 +101,8 @@ def _child(conn: Any, model_dir: str, threads: int, batch_size: int) -> None:
 
 
 class LocalScorer:
-    """The checkpoint in a child process (spawned: a clean interpreter, killable)."""
+    """The checkpoint in a child process (spawned: a clean interpreter, killable). A child that
+    has not loaded within the batch's deadline is killed (the caller has stopped waiting)."""
 
     def __init__(self, cfg: RewardModelConfig) -> None:
         ctx = mp.get_context("spawn")
@@ -106,7 +112,7 @@ class LocalScorer:
         )
         self._proc.start()
         child.close()
-        self._answer(START_TIMEOUT_S)
+        self._answer(cfg.timeout_s + cfg.start_timeout_s)
 
     def _answer(self, timeout: float | None = None) -> Any:
         if not self._conn.poll(timeout):
@@ -169,7 +175,7 @@ class RewardModel(Deadlined):
         self, cfg: RewardModelConfig, make: Callable[[], Any] | None = None, tokenizer: Any = None
     ) -> None:
         default = (lambda: ServerScorer(cfg)) if cfg.server else (lambda: LocalScorer(cfg))
-        super().__init__(make or default, cfg.timeout_s, cfg.domains)
+        super().__init__(make or default, cfg.timeout_s, cfg.domains, cfg.start_timeout_s)
         self.cfg = cfg
         if tokenizer is None and cfg.model:  # the reward model's own chat template
             from megatron_rl.model.tokenizer import load_tokenizer

@@ -78,12 +78,16 @@ def test_each_failure_is_counted_per_sample_and_the_run_goes_on(engine, kind) ->
     j = judge([engine, Fake("9")])
     assert j.score([(TASK, "4"), (TASK, "5")]) == [kind, kind]
     assert j.failures[kind] == 2 and j.scored == 0
+    no_start = isinstance(engine, Exception)
+    if no_start:  # a judge that could not start is not tried again on the next batch
+        assert j.score([(TASK, "4")]) == ["dead"] and j.metrics()["judge/start_skipped"] == 1
     # a judge that answered badly keeps answering; a dead one is replaced by a fresh engine
     want = [pytest.approx(0.9)] if kind == "dead" else [kind]
     assert j.score([(TASK, "4")]) == want
     m = j.metrics()
-    assert m[f"judge/failures/{kind}"] == (2 if kind == "dead" else 3)
+    assert m[f"judge/failures/{kind}"] == (2 + no_start if kind == "dead" else 3)
     assert m["judge/scored"] == (1 if kind == "dead" else 0)
+    assert m["judge/start_failures"] == no_start
 
 
 def test_a_judge_past_its_deadline_is_killed_and_replaced() -> None:
@@ -122,3 +126,20 @@ def test_bad_judge_config_is_refused_naming_the_key() -> None:
         load_config(None, ["rewards.judge.model=models/tiny-base"])
     with pytest.raises(ValueError, match="needs rewards.judge.choices"):
         load_config(None, ["rewards.judge.parse=choice"])
+    with pytest.raises(ValueError, match=r"engine=sglang needs rewards.judge.urls"):
+        load_config(None, ["rewards.judge.engine=sglang"])
+    for url in ("ftp://judge:80", "judge:30000", "http://", "http://judge:port"):
+        with pytest.raises(ValueError, match=r"rewards.judge.urls\[1\]=.*not an http\(s\) URL"):
+            load_config(
+                None, ["rewards.judge.engine=sglang", f"rewards.judge.urls=[http://a:1,{url}]"]
+            )
+    with pytest.raises(ValueError, match=r"urls\[0\]=''"):
+        JudgeConfig(model="m", domains=["*"], engine="sglang", urls=[""]).validate()
+    with pytest.raises(ValueError, match="rewards.judge.urls is set but"):
+        load_config(None, ["rewards.judge.urls=[http://a:1]"])
+    with pytest.raises(ValueError, match="rewards.judge.start_timeout_s"):
+        load_config(None, ["rewards.judge.start_timeout_s=-1"])
+    ok = load_config(
+        None, ["rewards.judge.engine=sglang", "rewards.judge.urls=[https://judge.example:443]"]
+    )
+    assert ok.rewards.judge.urls == ["https://judge.example:443"]

@@ -5,9 +5,8 @@ HTTP client with the API key, and nothing is pushed to or written beside the jud
 judge server that refuses connections or never answers is counted within the deadline and
 backed off from.
 
-The server checks ``Authorization: Bearer <key>`` (401 except ``GET /health``, SGLang's
-``--api-key`` rule): through ``EmbeddedServer(api_key=...)`` where that exists, else through an
-aiohttp middleware added here that applies the same rule. One test serves a scripted engine
+The server checks ``Authorization: Bearer <key>`` (``EmbeddedServer(api_key=...)``: 401 except
+``GET /health``, SGLang's ``--api-key`` rule). One test serves a scripted engine
 (it answers "7" to every prompt) instead of the model, to see a parsed score: a random model's
 verdict is never a number.
 """
@@ -15,7 +14,6 @@ verdict is never a number.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import socket
 import threading
 import time
@@ -29,7 +27,7 @@ from test_sglang import ServerThread
 
 from megatron_rl.domains.base import Task
 from megatron_rl.rewards.judge import Judge, JudgeConfig
-from megatron_rl.rollout.auth import API_KEY_ENV, authorized
+from megatron_rl.rollout.auth import API_KEY_ENV
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import HFEngine
@@ -57,32 +55,6 @@ class Scripted(RolloutEngine):
         raise AssertionError("a judge must never push weights")
 
 
-class Guarded:
-    """The server with its API key: the server's own check, or the same rule as middleware."""
-
-    def __init__(self, engine: RolloutEngine, model: Path) -> None:
-        own = "api_key" in inspect.signature(EmbeddedServer.__init__).parameters
-        kw: dict[str, Any] = {"api_key": KEY} if own else {}
-        self.server, self.own = EmbeddedServer(engine, str(model), **kw), own
-        self.refused = 0  # 401s of the middleware
-
-    def app(self) -> web.Application:
-        app = self.server.app()
-        if not self.own:
-
-            @web.middleware
-            async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-                if request.path != "/health" and not authorized(
-                    request.headers.get("Authorization"), KEY
-                ):
-                    self.refused += 1
-                    return web.Response(status=401, text="invalid API key")
-                return await handler(request)  # type: ignore[no-any-return]
-
-            app.middlewares.append(check)
-        return app
-
-
 @pytest.fixture(scope="module")
 def judge_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_qwen2(tmp_path_factory.mktemp("judge") / "model", seed=0)
@@ -94,9 +66,9 @@ def key(monkeypatch: pytest.MonkeyPatch) -> str:
     return KEY
 
 
-def serve(engine: RolloutEngine, model: Path) -> tuple[ServerThread, Guarded]:
-    guarded = Guarded(engine, model)
-    return ServerThread(guarded), guarded  # type: ignore[arg-type]
+def serve(engine: RolloutEngine, model: Path) -> tuple[ServerThread, EmbeddedServer]:
+    server = EmbeddedServer(engine, str(model), api_key=KEY)
+    return ServerThread(server), server
 
 
 def sglang_judge(model: Path, urls: list[str], **cfg: Any) -> Judge:
@@ -116,7 +88,7 @@ def test_an_sglang_judge_scores_through_the_server_like_the_same_model_locally(
 ) -> None:
     before = sorted(p.name for p in judge_model.parent.rglob("*"))
     hf = RolloutConfig(engine="hf", max_new_tokens=8)
-    st, guarded = serve(HFEngine(hf, str(judge_model), seed=0), judge_model)
+    st, server = serve(HFEngine(hf, str(judge_model), seed=0), judge_model)
     remote = sglang_judge(judge_model, [st.url], max_tokens=8)
     local_engine = HFEngine(hf, str(judge_model), seed=0)
     local = Judge(
@@ -128,8 +100,8 @@ def test_an_sglang_judge_scores_through_the_server_like_the_same_model_locally(
         assert not {"dead", "timeout"} & {x for x in got if isinstance(x, str)}
         assert remote.scored + remote.failures["empty"] + remote.failures["unparsable"] == 4
         assert remote.score(ITEMS[:1]) == got[:1]  # the same client, a second batch
-        stats = guarded.server.stats
-        assert stats["requests"] == 5 and stats["weight_updates"] == 0 and guarded.refused == 0
+        stats = server.stats
+        assert stats["requests"] == 5 and stats["weight_updates"] == 0
     finally:
         remote.close()
         st.close()

@@ -10,8 +10,9 @@
   of hidden tests.
 
 Responses: the last fenced ```python block, else the ``<answer>`` block, else the whole text.
-Verdicts come from :func:`megatron_rl.domains.code_exec.run_tests` (the sandbox, or its
-subprocess fallback). Outcome is 1 only for ``passed``; the process score ``compiles`` (the
+Verdicts come from :func:`megatron_rl.domains.code_exec.run_tests` (the sandbox; where none can
+run, a verification failure the run counts, unless ``rewards.allow_unsandboxed``). Outcome is 1
+only for ``passed``; the process score ``compiles`` (the
 program at least compiles) is the lightweight lint signal, weighted 0.1 by default.
 """
 

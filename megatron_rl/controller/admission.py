@@ -21,6 +21,7 @@ counted as ``too_long`` (megatron_rl/domains/health.py).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_rl.config import RunConfig
-from megatron_rl.domains import Domain, Task, load_domains
+from megatron_rl.domains import Domain, Task, code_exec, load_domains
 from megatron_rl.domains.workers import Call, DomainWorkers
 from megatron_rl.model.config import ModelConfig
 from megatron_rl.model.tokenizer import prompt_ids, render_chat
@@ -130,8 +131,11 @@ def admit(
     t0 = time.time()
     d = cfg.domains
     domains = load_domains(d.include, d.exclude, d.task_files)
+    # rewards.allow_unsandboxed, in this process and in every domain worker (code verifiers)
+    setup = functools.partial(code_exec.configure, cfg.rewards.allow_unsandboxed)
+    setup()
     if workers is None:
-        workers = DomainWorkers(d.workers, d.task_files)
+        workers = DomainWorkers(d.workers, d.task_files, setup=setup)
     limit = prompt_limit(model, cfg.rollout.max_new_tokens)
     # sample k of every domain level before sample k + 1 of any: a level found unfit on its
     # first samples is not drawn again (its later calls are skipped)

@@ -86,6 +86,9 @@ class VerifyResult:
     violations: tuple[str, ...] = ()  # constraints broken (megatron_rl/rewards/constraints.py):
     # "hard_violation" when that is set, and the names score() lists in details["violations"]
     duration_s: float = 0.0  # wall time the verification took
+    error: str = ""  # why the verifier could not judge at all (its machinery failed, e.g. no
+    # sandbox for code; ``score`` sets details["verifier_error"]): "" for a real verdict. The run
+    # counts such a result as a failed verification and never rewards it (domains/guard.py)
 
 
 @dataclass
@@ -227,6 +230,7 @@ class Domain:
                 result = VerifyResult(min(1.0, max(0.0, float(score))), parsable, details)
                 result.process_scores = details.pop("process_scores", {})
                 result.hard_violation = bool(details.pop("hard_violation", False))
+                result.error = str(details.pop("verifier_error", ""))
                 named = {str(v) for v in details.pop("violations", ())}
                 named |= {"hard_violation"} if result.hard_violation else set()
                 result.violations = tuple(sorted(named))

@@ -49,7 +49,8 @@ class DomainGuard:
 
     def verify(self, pairs: Sequence[tuple[Task, str]]) -> list[VerifyResult | None]:
         """Verdicts in order; None where verification failed, timed out or was skipped, or
-        returned something other than a VerifyResult with a finite score in [0, 1]."""
+        returned something other than a VerifyResult with a finite score in [0, 1], or one whose
+        verifier could not judge (``VerifyResult.error``)."""
         timeout = self.cfg.verify_timeout_s
         calls = [Call("verify", t.domain, (t, r), timeout) for t, r in pairs]
         return [o.value if o.ok else None for o in self._run(calls, "verify")]
@@ -75,4 +76,6 @@ def _malformed(stage: str, value: object) -> str:
     score = value.score
     if not (isinstance(score, int | float) and math.isfinite(score) and 0 <= score <= 1):
         return f"verify() returned score {score!r}, not a number in [0, 1]"
+    if value.error:  # the verifier could not judge (e.g. no sandbox for code): no verdict
+        return f"verifier could not judge: {value.error}"[:500]
     return ""

@@ -116,7 +116,10 @@ class JsonlDomain(Domain):
         res: VerifyResult = (
             registry().domains[src["domain"]].verify(Task.from_dict(src["task"]), answer)
         )
-        return res.score, {"parsable": res.parsable, "source": src["domain"], **res.details}
+        details = {"parsable": res.parsable, "source": src["domain"], **res.details}
+        if res.error:  # the source's verifier could not judge (e.g. no sandbox): neither can we
+            details["verifier_error"] = res.error
+        return res.score, details
 
 
 def _check_row(row: Any, where: str) -> dict[str, Any]:

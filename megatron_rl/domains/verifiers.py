@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from megatron_rl.domains.base import extract_answer
-from megatron_rl.domains.code_exec import run_tests
+from megatron_rl.domains.code_exec import ExecResult, run_tests
 
 MATH_MAX_CHARS = 4000  # longer math answers are unparsable without calling the parser
 MATH_TIMEOUT_S = 3  # math-verify parse/verify timeout (main thread only)
@@ -70,7 +70,9 @@ def extract_code(response: str) -> str:
 
 
 def score_program(program: str, tests: str) -> tuple[float, dict[str, Any]]:
-    """1.0 when ``program`` passes ``tests`` in the sandbox; details name the status."""
+    """1.0 when ``program`` passes ``tests`` in the sandbox; details name the status. When no
+    sandbox could run it, details carry ``verifier_error``: the verdict is not the program's and
+    the run counts it as a failed verification (megatron_rl/domains/guard.py), not a 0 reward."""
     try:
         compile(program, "program.py", "exec")
         compiles = 1.0
@@ -86,4 +88,6 @@ def score_program(program: str, tests: str) -> tuple[float, dict[str, Any]]:
         "stderr": res.stderr[-300:],
         "process_scores": {"compiles": compiles},
     }
+    if isinstance(res, ExecResult) and res.sandbox_error:
+        details["verifier_error"] = f"no sandbox: {res.sandbox_error}"
     return (1.0 if res.status == "passed" else 0.0), details

@@ -94,8 +94,11 @@ def _draw_before_deadline(d: Domain, call: Call) -> Any:
         return draw_distinct(d, *call.args)
 
 
-def _serve(conn: Connection, task_files: list[str]) -> None:
-    """A worker's loop: build the registry, then answer (index, Call) lists one call at a time.
+def _serve(
+    conn: Connection, task_files: list[str], setup: Callable[[], None] | None = None
+) -> None:
+    """A worker's loop: run ``setup``, build the registry, then answer (index, Call) lists one
+    call at a time.
 
     The preemption signals are the trainer's: a worker ignores SIGUSR1 and SIGINT (Slurm and
     torchrun may deliver them to every process of the job) and leaves its parent's process
@@ -111,6 +114,8 @@ def _serve(conn: Connection, task_files: list[str]) -> None:
         os.setsid()
     except OSError:
         pass
+    if setup is not None:
+        setup()
     domains = load_domains(None, task_files=task_files)
     conn.send(("ready", None, None))
     while True:
@@ -142,12 +147,22 @@ class _Worker:
 
 
 class DomainWorkers:
-    """``n`` killable worker processes for domain code (``n = 0``: inline, no deadlines)."""
+    """``n`` killable worker processes for domain code (``n = 0``: inline, no deadlines).
 
-    def __init__(self, n: int, task_files: Sequence[str] = (), start_method: str = "spawn") -> None:
+    ``setup``: a picklable callable each worker runs before it builds the registry (inline: run
+    here), e.g. the run's settings of its verifiers (``code_exec.configure``).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        task_files: Sequence[str] = (),
+        start_method: str = "spawn",
+        setup: Callable[[], None] | None = None,
+    ) -> None:
         if n < 0:
             raise ValueError(f"domain workers must be >= 0, got {n}")
-        self.n, self.task_files = n, list(task_files)
+        self.n, self.task_files, self.setup = n, list(task_files), setup
         self._ctx: Any = mp.get_context(start_method)
         self._workers: list[_Worker] = []
         self._inline: dict[str, Domain] | None = None
@@ -156,6 +171,8 @@ class DomainWorkers:
         if n == 0:
             from megatron_rl.domains.loading import load_domains
 
+            if setup is not None:
+                setup()
             self._inline = load_domains(None, task_files=task_files)
             log.info("domain calls run inline: errors are caught, deadlines are not enforced")
         else:
@@ -165,7 +182,10 @@ class DomainWorkers:
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=_serve, args=(child, self.task_files), daemon=True, name="domain-worker"
+            target=_serve,
+            args=(child, self.task_files, self.setup),
+            daemon=True,
+            name="domain-worker",
         )
         proc.start()
         child.close()

@@ -146,9 +146,10 @@ def _finite(x: float) -> float | None:
 
 
 def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | None:
-    """``domain.verify`` that never raises: a failure is logged with its input, None returned."""
+    """``domain.verify`` that never raises: a failure (or a verdict whose verifier could not
+    judge, ``VerifyResult.error``) is logged with its input, None returned."""
     try:
-        return domain.verify(task, response)
+        result = domain.verify(task, response)
     except Exception as e:  # noqa: BLE001 - a broken verifier must not stop a run
         log.warning(
             "verifier of %s raised on task %s: %r (response %r)",
@@ -158,6 +159,12 @@ def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | Non
             response[:200],
         )
         return None
+    if isinstance(result, VerifyResult) and result.error:
+        log.warning(
+            "verifier of %s could not judge task %s: %s", domain.name, task.id, result.error
+        )
+        return None
+    return result
 
 
 def evaluate(

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
-from megatron_rl.domains import Domain, load_domains
+from megatron_rl.domains import Domain, code_exec, load_domains
 from megatron_rl.evaluation.evaluate import evaluate
 from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.model.tokenizer import eos_id, prompt_ids
@@ -148,6 +148,7 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
     engine_dir = export_hf(rt, rt.run_dir / "engine_init")
     engine = build_engine(cfg.rollout, str(engine_dir), cfg.seed) if rt.is_main else None
     eval_domains = load_domains(cfg.domains.include, cfg.domains.exclude, cfg.domains.task_files)
+    code_exec.configure(cfg.rewards.allow_unsandboxed)  # the evals' code verifiers run here
     prompts = build_prompt_set(
         eval_domains, cfg.sft.eval_samples_per_task, cfg.seed, cfg.domains.level
     )

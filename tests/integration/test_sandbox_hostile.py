@@ -8,6 +8,10 @@ a secret, a bystander process, and scans for leftover processes and files; a ran
 planted in the host's environment, an open host file, its temp directory's name and its session
 keyring (sandbox_markers.py) and must not appear in anything a program outputs. A program's
 first line ``# expect: a,b`` lists the statuses it may end with; ``passed`` is never allowed.
+Programs that try what the seccomp filter denies report each attempt as a line ``blocked NAME
+ERRNO`` or ``ESCAPED NAME``; their ``# blocked: NAME[:ERRNO], ...`` header lines name the attempts
+that must be reported blocked (with EPERM unless an errno is given), and no program may print a
+line starting with ``ESCAPED``.
 """
 
 from __future__ import annotations
@@ -156,6 +160,19 @@ def render(name: str, host: dict) -> str:
     return text
 
 
+def blocked_attempts(program: str) -> list[tuple[str, str]]:
+    """(name, errno name) of each attempt the program's ``# blocked:`` lines name."""
+    found = []
+    for line in program.splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("# blocked:"):
+            for item in line.removeprefix("# blocked:").split(","):
+                name, _, err = item.strip().partition(":")
+                found.append((name, err or "EPERM"))
+    return found
+
+
 def test_suite_is_big_enough():
     assert len(PROGRAMS) >= 30
 
@@ -171,6 +188,10 @@ def test_hostile_program(name, host):
 
     assert not res.passed and res.tests_passed < len(host["expected"])
     assert res.status in allowed, (res.status, res.reason, res.stderr[-500:])
+    lines = res.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("ESCAPED")], res.stdout[-3000:]
+    for attempt, err in blocked_attempts(program):
+        assert f"blocked {attempt} {err}" in lines, (attempt, res.stdout[-3000:], res.stderr[-500:])
     assert host["secret"] not in res.stdout + res.stderr + res.reason
     assert not host["marker"].found_in(res.stdout, res.stderr, res.reason, *res.failures)
     assert snapshot(host["canary"]) == before

@@ -11,6 +11,13 @@ directory, ``/tmp`` and ``/dev/shm``, and everything else read-only. Nothing of 
 the sandbox's processes: bwrap starts with SANDBOX_ENV as its whole environment, from ``/``,
 with no host path among its arguments (see Launch and docs/sandbox.md's exposure review).
 
+No way back out. bwrap is told ``--disable-userns`` (the sandbox runs in a second user namespace
+whose parent allows no more of them, so the program cannot create one and regain capabilities
+there) and ``--seccomp`` with the filter of ``seccomp.py``, which it loads just before it
+executes the command (and into its pid-1 init): new namespaces, mounts, ptrace, bpf, keyrings,
+perf events, io_uring and netlink beyond routing are denied to the program and everything it
+starts. A machine whose architecture has no filter there has no sandbox (SandboxUnavailable).
+
 Unprivileged user. When the host process is root (as in CI), bwrap would map the sandbox user to
 root outside the namespace, which makes RLIMIT_NPROC unenforced (the kernel exempts root) and
 lets the sandbox own root's files on any mount. So bwrap itself is started as an unprivileged
@@ -33,7 +40,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from megatron_rl.rewards.sandbox import memory
+from megatron_rl.rewards.sandbox import memory, seccomp
 from megatron_rl.rewards.sandbox.memory import SandboxCgroup
 from megatron_rl.rewards.sandbox.result import SandboxUnavailable
 
@@ -64,6 +71,15 @@ def harness_sources() -> dict[str, bytes]:
         with open(os.path.join(HARNESS_DIR, name), "rb") as f:
             sources[name] = f.read()
     return sources
+
+
+@functools.cache
+def seccomp_filter() -> bytes:
+    """The compiled seccomp filter for this machine's architecture (seccomp.py)."""
+    try:
+        return seccomp.for_machine(platform.machine())
+    except ValueError as e:
+        raise SandboxUnavailable(f"no sandbox on this machine: {e}") from None
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -142,8 +158,10 @@ class Launch:
         for name, data in mounts.files.items():
             files += self._file(name, data, f"/data/{name}")
         setenv = [a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)]
+        self._fds.append(_memfd("seccomp", seccomp_filter()))
         return [
             *["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"],
+            *["--unshare-user", "--disable-userns", "--seccomp", str(self._fds[-1])],
             *["--hostname", "sandbox"],
             *["--ro-bind", "/usr", "/usr"],
             *["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin"],

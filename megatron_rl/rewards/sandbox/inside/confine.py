@@ -5,7 +5,11 @@ Runs under the system interpreter (stdlib only). Three things:
 * ``close_fds_except``: every file descriptor but stdio and the process's own channel is closed,
   so nothing bwrap or the host happened to pass along (the options pipe, a stray fd) is left.
 * ``leave_session_keyring``: the process takes a new, empty session keyring, so no key of the
-  host can be reached through it (the host already forks bwrap from a thread with an empty one).
+  host can be reached through it. Inside the sandbox this fails with EPERM, and that is fine:
+  the seccomp filter (megatron_rl/rewards/sandbox/seccomp.py) denies every keyring call
+  (``keyctl``, ``add_key``, ``request_key``) to the program too, and the host already forks
+  bwrap from a thread holding a fresh, empty session keyring. It does its work in the
+  unsandboxed fallback, which has no filter.
 * ``enter_landlock``: the process enters a Landlock domain of its own. Landlock lets a process in
   a domain look into (ptrace, ``/proc/PID/mem``, ``environ``, ``fd``, ``cwd``, ``maps``) and,
   from ABI 6, signal only processes of the same domain. bwrap's init (pid 1 of the sandbox)
@@ -43,7 +47,8 @@ def close_fds_except(keep: set[int]) -> None:
 
 
 def leave_session_keyring() -> bool:
-    """Join a new anonymous session keyring; False when that is not possible here."""
+    """Join a new anonymous session keyring; False when that is not possible here (always in
+    the sandbox, whose seccomp filter denies keyctl: see the module docstring)."""
     number = SYS_KEYCTL.get(os.uname().machine)
     try:
         import ctypes

@@ -29,7 +29,7 @@ WORKER = ROOT / "tests" / "integration" / "dist" / "cp_equivalence.py"
 def launch(out_dir: Path, nproc: int, layouts: str) -> dict[str, dict]:
     """One torchrun launch of ``nproc`` CPU processes; returns each layout's saved results."""
     torchrun(nproc, [str(WORKER), "--out-dir", str(out_dir), "--layouts", layouts], timeout=600)
-    return {n: torch.load(out_dir / f"{n}.pt", weights_only=False) for n in layouts.split(",")}
+    return {n: torch.load(out_dir / f"{n}.pt", weights_only=True) for n in layouts.split(",")}
 
 
 @pytest.fixture(scope="module")

@@ -85,12 +85,19 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     fsync_dir(final.parent)
 
 
-def replace_dir(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+def replace_dir(
+    tmp: str | os.PathLike[str],
+    final: str | os.PathLike[str],
+    old: str | os.PathLike[str] | None = None,
+) -> None:
     """Make the filled directory ``tmp`` be ``final`` durably (see the module docstring); the
-    old ``final``, if any, is removed only once the new one is in place and on disk."""
+    old ``final``, if any, is removed only once the new one is in place and on disk. ``old``:
+    where the old one waits meanwhile (``<final>.old`` by default, a name this module owns: one
+    found there is an earlier cut swap's); pass a fresh name beside ``final`` where the folder
+    is the user's and ``<final>.old`` might be theirs too."""
     tmp, final = Path(tmp), Path(final)
     fsync_tree(tmp)
-    old = final.with_name(final.name + OLD_SUFFIX)
+    old = Path(old) if old is not None else final.with_name(final.name + OLD_SUFFIX)
     if old.exists():  # an earlier swap was cut: after its first rename, or its last
         if final.exists():
             shutil.rmtree(old)

@@ -123,7 +123,7 @@ def atomic_dir(out: str | os.PathLike[str], overwrite: bool = False) -> Iterator
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    replace_dir(tmp, final)
+    replace_dir(tmp, final, old=tmp.with_name(tmp.name.replace(".tmp-", ".old-")))
 
 
 def copy_tokenizer_files(src: str | os.PathLike[str] | None, dst: Path) -> list[str]:

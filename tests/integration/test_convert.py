@@ -402,9 +402,8 @@ def test_tp_not_dividing_heads_is_one_line_from_the_real_cli(hf_dirs, tmp_path):
 
 def test_model_package_imports_no_run_config_or_trainer():
     """``megatron_rl/model/`` takes its own config sections: importing all of it (in a fresh
-    interpreter) loads neither the root run config nor the trainer, rollout or scheduler; the
-    packed batch it runs on (``megatron_rl/packing/batch.py``) and the two leaf modules (typed
-    dicts, ``dataclass_io.py``; durable writes of its exports, ``durable.py``) are the others."""
+    interpreter) loads neither the root run config nor the trainer, rollout or scheduler: only
+    the packed batch (``packing/batch.py``) and the leaf modules ``dataclass_io``, ``durable``."""
     code = ("import sys, pkgutil, importlib, megatron_rl.model as m\n"
             "for info in pkgutil.walk_packages(m.__path__, 'megatron_rl.model.'):\n"
             "    importlib.import_module(info.name)\n"

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,24 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
         fsync_dir(here)
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else the common 022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def _mode_of(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Replace ``path`` with ``data`` (text is UTF-8) durably: temp sibling, fsync, rename,
     fsync of the directory. The parent folder is created if missing."""
@@ -74,6 +93,8 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
+        # mkstemp makes the file private (0600): give it the old file's mode, else the usual one
+        os.chmod(fd, _mode_of(final))
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()

@@ -62,8 +62,8 @@ def run_demo(a: argparse.Namespace, out: Path) -> Path:
         "checkpoint.every=0",
         "tracking.wandb=disabled",
         "tracking.progress=false",
-        "checkpoint.resume=false",
         *a.override,
+        "--overwrite",  # a fresh run each time, over the last one's
     ]
     train(DEMO_CONFIG, overrides)
     return out / "time_split" / "metrics.jsonl"

@@ -67,10 +67,25 @@ def _command_in(argv: list[str]) -> str | None:
     return words[0] if words and words[0] in _command_modules() else None
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, except that dotted overrides may also follow a flag: argparse fills a
+    ``nargs="*"`` positional from the words before the first flag only, so in
+    ``train CONFIG --overwrite a.b=1`` the words after ``--overwrite`` are left over; they are
+    appended to ``overrides`` (in order) where the command takes them."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list):
+        if not any(e.startswith("-") for e in extra):
+            args.overrides += extra
+            extra = []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_command_in(argv))
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

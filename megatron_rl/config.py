@@ -26,6 +26,7 @@ import yaml
 
 from megatron_rl.dataclass_io import from_dict, to_dict
 from megatron_rl.domains.config import DomainsConfig
+from megatron_rl.durable import write_atomic
 from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
@@ -239,5 +240,4 @@ def gpu_dtype_defaults(data: dict[str, Any]) -> None:
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML (every run directory and checkpoint holds one)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,4 +1,5 @@
-"""``megatron-rl train CONFIG [key=value ...]``: the RL loop (resumes automatically)."""
+"""``megatron-rl train CONFIG [key=value ...] [--overwrite]``: the RL loop (resumes automatically;
+``--overwrite`` starts afresh over a run already in the run directory)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ HELP = "RL training (GRPO family) from verifiable rewards; re-run the same comma
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML run config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.group_size=8")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh where the run directory already holds a run, removing its "
+        "checkpoints and logs (without it, an existing run is resumed, or refused with "
+        "checkpoint.resume=false)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -22,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from megatron_rl.train.rl import train_rl
 
     try:
-        summary = train_rl(cfg)
+        summary = train_rl(cfg, overwrite=args.overwrite)
     except EngineStartError as e:
         raise ValueError(f"rollout engine {cfg.rollout.engine!r} failed to start: {e}") from None
     return 0 if summary.get("completed", True) else 1

@@ -30,6 +30,7 @@ from megatron_rl.controller.groups import Group
 from megatron_rl.controller.monitoring import log_samples, monitor_step
 from megatron_rl.controller.prescreen import prescreen
 from megatron_rl.domains.guard import DomainGuard
+from megatron_rl.durable import write_atomic
 from megatron_rl.evaluation import levels as level_eval
 from megatron_rl.evaluation.prompt_cache import PromptCache
 from megatron_rl.evaluation.prompt_sets import Drawing
@@ -164,7 +165,7 @@ class Controller:
             self.sched.exclude(name)
         self.generated += screen.groups
         out = {**screen.to_json(), "dropped": dropped}
-        (self.rt.run_dir / "prescreen.json").write_text(json.dumps(out, indent=1) + "\n")
+        write_atomic(self.rt.run_dir / "prescreen.json", json.dumps(out, indent=1) + "\n")
         self.rt.tracker.event(
             0,
             "prescreen",

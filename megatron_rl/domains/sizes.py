@@ -38,6 +38,7 @@ from typing import Any
 
 from megatron_rl.domains.alarm import interrupt_after
 from megatron_rl.domains.base import SPLITS, Domain, split_of, stable_int
+from megatron_rl.durable import write_atomic
 
 MIN_EVAL_PROMPTS = 128  # fewer distinct eval prompts than this: a level cannot show generalisation
 MIN_SPACE = 1000  # a whole prompt space under this is small enough to memorise
@@ -265,8 +266,5 @@ def record(sizes: dict[str, list[LevelSize]], seed: int, path: Path | None = Non
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     for name, levels in sizes.items():
         data[name] = {"checked_at": stamp, "seed": seed, "levels": [s.to_json() for s in levels]}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(p)
+    write_atomic(p, json.dumps(data, indent=1, sort_keys=True))
     return p

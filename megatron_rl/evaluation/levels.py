@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_rl.domains import Domain
+from megatron_rl.durable import write_atomic
 from megatron_rl.evaluation.evaluate import evaluate, paired_difference, stderr_of
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import RolloutEngine
@@ -160,4 +161,4 @@ def accuracy_png(report: dict[str, Any], path: str | Path, title: str = "") -> P
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -28,6 +28,7 @@ from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.jsonl import append_eval_failures
+from megatron_rl.durable import write_atomic
 from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.evaluation.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
 from megatron_rl.evaluation.prompt_sets import Drawing, PromptSet, build_prompt_set
@@ -237,7 +238,7 @@ def summarize(
     if domains is not None:
         summary["domain_health"] = domains
     if rt.is_main:
-        (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(rt.run_dir / "summary.json", json.dumps(summary, indent=2))
         print(format_table(summary))
         if domains is not None:
             print(format_health(domains))

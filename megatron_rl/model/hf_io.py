@@ -37,6 +37,7 @@ import safetensors.torch
 from torch import Tensor
 
 from megatron_rl.dataclass_io import from_dict, to_dict
+from megatron_rl.durable import replace_dir
 from megatron_rl.model.arch import hf_config_from_model_config, model_config_from_hf
 from megatron_rl.model.config import ModelConfig
 from megatron_rl.model.convert import SPECS, check_hf_state_dict, check_layout, shard_key
@@ -107,7 +108,9 @@ def _existing_dir(path: str | os.PathLike[str], what: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``out`` to fill; it replaces ``out`` only on success."""
+    """Yield a temporary sibling of ``out`` to fill; it replaces ``out`` only on success, its
+    files fsynced first and the old ``out`` removed only once the new one is in place
+    (:func:`megatron_rl.durable.replace_dir`)."""
     final = Path(out)
     if final.exists() and not final.is_dir():
         raise ValueError(f"output {final} exists and is not a directory")
@@ -120,11 +123,7 @@ def atomic_dir(out: str | os.PathLike[str], overwrite: bool = False) -> Iterator
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = tmp.with_name(tmp.name.replace(".tmp-", ".old-"))
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, final, old=tmp.with_name(tmp.name.replace(".tmp-", ".old-")))
 
 
 def copy_tokenizer_files(src: str | os.PathLike[str] | None, dst: Path) -> list[str]:

@@ -13,21 +13,21 @@ docs/scheduler_seesaw.png. Both read only the run directory, so they also redraw
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from megatron_rl.durable import jsonl_rows
 
 MARKS = {"regression": ("v", "tab:red"), "recovery": ("^", "tab:green")}
 MAX_LEGEND = 30  # more domains than this: grey lines, no legend, and the mean drawn bold
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file ([] when it does not exist)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Rows of a JSONL file ([] when it does not exist; a torn last line, what a kill during a
+    run's append leaves, is dropped with a warning: :func:`megatron_rl.durable.jsonl_rows`)."""
+    return [row for _, row in jsonl_rows(path)]
 
 
 def series(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:

@@ -4,7 +4,11 @@ W&B mode ``auto`` is online when an API key is configured (``WANDB_API_KEY`` or 
 and offline otherwise; offline runs are synced later with ``wandb sync <run_dir>/wandb/...``.
 The W&B run id is stored in the run directory, so re-running the same command after a crash
 continues the same W&B run. ``metrics.jsonl`` is always written: one JSON object per logged step;
-on resume, lines from steps after the checkpoint are dropped so no step appears twice.
+on resume, lines from steps after the checkpoint are dropped so no step appears twice. A torn
+last line (a kill or a full disk in the middle of an append) is dropped with one warning and the
+run resumes; a bad line anywhere else stops the start with an error naming it, before anything
+is written (``megatron_rl/durable.py``). The trimmed file replaces the old one atomically (temp
+file, fsync, rename), so a crash during the trim loses nothing either.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.durable import jsonl_rows, write_atomic
 from megatron_rl.tracking.config import TrackingConfig
 
 log = logging.getLogger(__name__)
@@ -64,18 +69,22 @@ class Tracker:
         self._init_wandb(config, resume=resume_step is not None)
 
     def _truncate_after(self, step: int | None) -> None:
-        for path in (self.jsonl, self.events):
-            if not path.is_file():
-                continue
-            if step is None:
-                path.unlink()
-                continue
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step
-            ]
-            path.write_text("".join(line + "\n" for line in kept))
+        """Fresh run (``step`` None): no old logs. Resume: keep the rows of steps <= ``step``;
+        every file is read (and checked) before any is rewritten, and one that would not
+        change is left as it is."""
+        paths = (self.jsonl, self.events)
+        if step is None:
+            for path in paths:
+                path.unlink(missing_ok=True)
+            return
+        texts = {}
+        for path in paths:
+            if path.is_file():
+                kept = [line for line, row in jsonl_rows(path) if row.get("step", 0) <= step]
+                texts[path] = "".join(line + "\n" for line in kept)
+        for path, text in texts.items():
+            if path.read_text(errors="replace") != text:
+                write_atomic(path, text)
 
     def _init_wandb(self, config: dict[str, Any], resume: bool) -> None:
         mode = _wandb_mode(self.cfg.wandb)
@@ -91,7 +100,7 @@ class Tracker:
             run_id = id_file.read_text().strip()
         else:
             run_id = uuid.uuid4().hex[:12]
-            id_file.write_text(run_id)
+            write_atomic(id_file, run_id)
         os.environ.setdefault("WANDB_SILENT", "true")
         self._wandb = wandb.init(
             project=self.cfg.project,

@@ -126,6 +126,9 @@ class CheckpointConfig:
     preempt_grace_s: float = 0.0  # seconds between a preemption signal and the kill (the Slurm
     # script passes torchrun's --shutdown-timeout); while a step plus its checkpoint takes more
     # than 3/4 of it, every step is checkpointed, so the kill finds one. 0: not known
+    allow_legacy: bool = False  # resume a checkpoint of format 1 (before RNG states were plain
+    # data): allow-lists numpy's array globals, nothing else, for weights-only loading; only
+    # for a run directory you trust (train/checkpoint.py)
 
     def validate(self) -> None:
         for key in ("every", "keep", "preempt_grace_s"):

@@ -8,6 +8,9 @@ re-run of a finished run with a typo must not overwrite its resolved config or l
 Checked, each failing with one ``ValueError`` that names the key and what is allowed:
 
 * the config itself (types, ranges, Slurm settings: :func:`megatron_rl.config.validate`);
+* the run directory: one that holds a run is resumed (``checkpoint.resume=true``) or replaced
+  on request (``megatron-rl train --overwrite``), never overwritten because
+  ``checkpoint.resume=false`` (:func:`check_run_dir`);
 * the model: ``model.hf_path`` is a folder with a readable ``config.json``, safetensors weights
   and a tokenizer whose vocabulary fits the model's;
 * the layout: ``parallel.*`` against the world size (``WORLD_SIZE``) and the model's heads,
@@ -48,13 +51,15 @@ REACH_WINDOW_S = 5.0  # how long start-up tries to reach rollout.urls[0] before 
 _ENGINE_PACKAGES = {"vllm": "vllm"}
 
 
-def preflight(cfg: RunConfig, kind: str) -> ModelConfig:
+def preflight(cfg: RunConfig, kind: str, overwrite: bool = False) -> ModelConfig:
     """Raise ``ValueError`` on the first thing that would make a ``kind`` run ('rl' or 'sft')
     fail to start; write nothing. Returns the model the run builds (:func:`check_model`). See
-    the module docstring for what is checked."""
+    the module docstring for what is checked; ``overwrite``: the run replaces the one in its
+    directory (``--overwrite``)."""
     if kind not in ("rl", "sft"):
         raise ValueError(f"run kind must be 'rl' or 'sft', got {kind!r}")
     validate(cfg)  # a config built in code (not by load_config) is checked too
+    check_run_dir(cfg, overwrite)
     model = check_model(cfg)
     check_layout(cfg, model, kind)
     if kind == "rl":
@@ -65,6 +70,26 @@ def preflight(cfg: RunConfig, kind: str) -> ModelConfig:
         raise ValueError(f"sft.data must be 'domains' or a JSONL file; {cfg.sft.data} is neither")
     check_engine(cfg, model)
     return model
+
+
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "events.jsonl", "summary.json")  # a run was here
+
+
+def check_run_dir(cfg: RunConfig, overwrite: bool) -> None:
+    """A run directory that holds a run (its config, logs, summary or a checkpoint) is not
+    started afresh over with ``checkpoint.resume=false`` unless ``overwrite`` says so."""
+    if cfg.checkpoint.resume or overwrite:
+        return
+    run = cfg.run_dir
+    found = [n for n in RUN_MARKERS if (run / n).exists()]
+    if (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir()):
+        found.append("checkpoints/")
+    if found:
+        raise ValueError(
+            f"run directory {run} already holds a run ({', '.join(found)}); "
+            f"checkpoint.resume=false would overwrite it. Resume it with checkpoint.resume=true, "
+            f"or replace it with --overwrite (or choose another run_name / output_dir)"
+        )
 
 
 def check_model(cfg: RunConfig) -> ModelConfig:

@@ -43,17 +43,19 @@ from megatron_rl.train.timer import Timer
 log = logging.getLogger(__name__)
 
 
-def train_rl(cfg: RunConfig) -> dict[str, Any]:
-    """Run (or resume) RL training; returns the summary also written to summary.json."""
+def train_rl(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
+    """Run (or resume) RL training; returns the summary also written to summary.json.
+    ``overwrite``: start afresh, replacing a run already in the run directory."""
     if cfg.rollout.sglang.weight_sync == "distributed":  # before any process group exists
         weight_group.contain_nccl_faults()  # a fault in the weight group must not kill rank 0
     # first: a USR1 / SIGTERM during set-up must not kill the rank (checkpoint after a step)
     stop = PreemptionFlag()
-    model = preflight(cfg, "rl")  # start-up checks (layout, model, domains, engine) first
+    # start-up checks (layout, model, domains, engine, the run directory) first
+    model = preflight(cfg, "rl", overwrite)
     # which domains and levels fit this policy (rank 0; domains.strict: refuse before writing)
     main = os.environ.get("RANK", "0") == "0"
     fit = admit(cfg, model, load_tokenizer(model.hf_path)) if main else None
-    rt = setup_run(cfg, "rl", model)
+    rt = setup_run(cfg, "rl", model, overwrite)
     engine_dir = export_hf(rt, rt.run_dir / "engine_weights")  # every rank streams, rank 0 writes
     ref = build_reference(rt)
     dp_of = rank_to_dp(rt.dist)

@@ -23,12 +23,14 @@ from tqdm import tqdm
 
 from megatron_rl.config import RunConfig
 from megatron_rl.domains import Domain, code_exec, load_domains
+from megatron_rl.durable import write_atomic
 from megatron_rl.evaluation.evaluate import evaluate
 from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
-from megatron_rl.model.tokenizer import eos_id, prompt_ids
+from megatron_rl.model.tokenizer import eos_id, load_tokenizer, prompt_ids
 from megatron_rl.packing.batch import PackedBatch, budget_bins, pack
 from megatron_rl.rollout.build import build_engine
 from megatron_rl.train.optim import lr_at
+from megatron_rl.train.preflight import preflight
 from megatron_rl.train.runtime import Runtime, export_hf, save_checkpoint, setup_run
 
 log = logging.getLogger(__name__)
@@ -137,13 +139,16 @@ def _per_domain(metrics: dict[str, float], what: str) -> dict[str, float]:
     }
 
 
-def train_sft(cfg: RunConfig) -> dict[str, Any]:
-    """Run (or resume) SFT; writes checkpoints, the final HF model and summary.json."""
-    rt = setup_run(cfg, "sft")
-    examples = load_examples(cfg, rt.tokenizer)
-    bs = cfg.sft.batch_size
+def train_sft(cfg: RunConfig, overwrite: bool = False) -> dict[str, Any]:
+    """Run (or resume) SFT; writes checkpoints, the final HF model and summary.json.
+    ``overwrite``: start afresh, replacing a run already in the run directory."""
+    model = preflight(cfg, "sft", overwrite)
+    # the data before the start: an empty or malformed set fails with the run directory untouched
+    examples = load_examples(cfg, load_tokenizer(model.hf_path))
     if not examples:
         raise ValueError("SFT data is empty")
+    rt = setup_run(cfg, "sft", model, overwrite)
+    bs = cfg.sft.batch_size
     log.info("SFT on %d examples, %d steps of %d", len(examples), cfg.train.steps, bs)
     engine_dir = export_hf(rt, rt.run_dir / "engine_init")
     engine = build_engine(cfg.rollout, str(engine_dir), cfg.seed) if rt.is_main else None
@@ -178,7 +183,7 @@ def train_sft(cfg: RunConfig) -> dict[str, Any]:
         "hf_dir": str(out_dir),
     }
     if rt.is_main:
-        (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(rt.run_dir / "summary.json", json.dumps(summary, indent=2))
     rt.tracker.finish()
     if engine is not None:
         engine.shutdown()

@@ -402,8 +402,8 @@ def test_tp_not_dividing_heads_is_one_line_from_the_real_cli(hf_dirs, tmp_path):
 
 def test_model_package_imports_no_run_config_or_trainer():
     """``megatron_rl/model/`` takes its own config sections: importing all of it (in a fresh
-    interpreter) loads neither the root run config nor the trainer, rollout or scheduler; the
-    packed batch it runs on (``megatron_rl/packing/batch.py``) is the one other module."""
+    interpreter) loads neither the root run config nor the trainer, rollout or scheduler: only
+    the packed batch (``packing/batch.py``) and the leaf modules ``dataclass_io``, ``durable``."""
     code = ("import sys, pkgutil, importlib, megatron_rl.model as m\n"
             "for info in pkgutil.walk_packages(m.__path__, 'megatron_rl.model.'):\n"
             "    importlib.import_module(info.name)\n"
@@ -414,4 +414,4 @@ def test_model_package_imports_no_run_config_or_trainer():
     assert "megatron_rl.model.arch.base" in loaded  # the walk did import the package
     outside = [n for n in loaded if not n.startswith("megatron_rl.model")]
     packing = ["megatron_rl.packing", "megatron_rl.packing.batch"]
-    assert outside == ["megatron_rl.dataclass_io", *packing], outside
+    assert outside == ["megatron_rl.dataclass_io", "megatron_rl.durable", *packing], outside

@@ -22,6 +22,8 @@ import pytest
 import torch
 from launching import torchrun
 
+from megatron_rl.packing.batch import PackedBatch
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "dist" / "cp_equivalence.py"
 
@@ -29,7 +31,9 @@ WORKER = ROOT / "tests" / "integration" / "dist" / "cp_equivalence.py"
 def launch(out_dir: Path, nproc: int, layouts: str) -> dict[str, dict]:
     """One torchrun launch of ``nproc`` CPU processes; returns each layout's saved results."""
     torchrun(nproc, [str(WORKER), "--out-dir", str(out_dir), "--layouts", layouts], timeout=600)
-    return {n: torch.load(out_dir / f"{n}.pt", weights_only=False) for n in layouts.split(",")}
+    # the results hold PackedBatch rows besides tensors: that one class allow-listed, no other
+    with torch.serialization.safe_globals([PackedBatch]):
+        return {n: torch.load(out_dir / f"{n}.pt", weights_only=True) for n in layouts.split(",")}
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,8 @@ def _worker(mode: str, out: Path) -> None:
     )
     if mode == "cp":
         model.load_state_dict(
-            torch.load(out / "weights.pt", map_location=info.device), strict=False
+            torch.load(out / "weights.pt", map_location=info.device, weights_only=True),
+            strict=False,
         )
     batch = _batch()
     inputs = te_cp_inputs(batch, cp, info.cp_rank, info.device)
@@ -129,7 +130,8 @@ def test_cp2_matches_cp1(tmp_path: Path) -> None:
     pytest.importorskip("transformer_engine")
     _torchrun(1, "ref", tmp_path)
     _torchrun(2, "cp", tmp_path)
-    ref, got = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "cp.pt")
+    ref = torch.load(tmp_path / "ref.pt", weights_only=True)
+    got = torch.load(tmp_path / "cp.pt", weights_only=True)
     assert ref["lp"].shape == got["lp"].shape == (sum(LENS),)
     assert (ref["lp"] - got["lp"]).abs().max().item() < 5e-2  # bf16 attention, two kernels
     for name, g in ref["grads"].items():

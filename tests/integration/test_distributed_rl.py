@@ -221,7 +221,7 @@ def test_kill_two_rank_run_mid_step_and_resume(data: Path) -> None:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/total" in r] == [0, 1, 2, 3]
     ckpt = run / "checkpoints" / "step_000003"
-    states = [torch.load(ckpt / f"rank_{r:05d}.pt", weights_only=False) for r in (0, 1)]
+    states = [torch.load(ckpt / f"rank_{r:05d}.pt", weights_only=True) for r in (0, 1)]
     assert set(states[0]["trainer"]) >= {"scheduler", "cursor"}  # the controller's, once
     assert states[1]["trainer"] == {} and states[1]["model"] and states[1]["optimizer"]
     assert json.loads((run / "summary.json").read_text())["completed"] is True

@@ -27,7 +27,7 @@ LAYOUTS = ("ref", "ep2", "ep2tp2", "ep2tp2etp1")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out_dir = tmp_path_factory.mktemp("moe_equivalence")
     torchrun(4, [str(WORKER), "--out-dir", str(out_dir)], timeout=600)
-    return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in LAYOUTS}
+    return {name: torch.load(out_dir / f"{name}.pt", weights_only=True) for name in LAYOUTS}
 
 
 def max_diff(a: dict[str, torch.Tensor] | torch.Tensor, b: dict | torch.Tensor) -> float:

@@ -36,7 +36,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """One torchrun launch of two processes runs every layout (see the worker's docstring)."""
     out_dir = tmp_path_factory.mktemp("equivalence")
     torchrun(2, [str(WORKER), "--out-dir", str(out_dir)], timeout=300)
-    return {name: torch.load(out_dir / f"{name}.pt", weights_only=False) for name in LAYOUTS}
+    return {name: torch.load(out_dir / f"{name}.pt", weights_only=True) for name in LAYOUTS}
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -163,8 +163,10 @@ def test_prompt_cache_round_trip_and_key(tmp_path: Any) -> None:
     odd = Task(dom.name, "eval", 0, "x", "p", "g", {"pair": (1, 2)})  # JSON would make a list
     cache.put(dom, 0, "eval", 9, 1, ([odd], 1, 1.0))
     assert cache.get(dom, 0, "eval", 9, 1) == ([odd], 1, 1.0)
-    for f in tmp_path.rglob("*.pkl"):
-        f.write_bytes(b"not a pickle")
+    entries = list(tmp_path.rglob("*.json"))
+    assert len(entries) == 2 and not list(tmp_path.rglob("*.pkl"))
+    for f in entries:
+        f.write_bytes(b"not json")
     assert cache.get(dom, 0, "eval", 3, 5) is None  # unreadable: a miss, not an error
 
 

@@ -6,19 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from launch.commands.train import add_run_arguments
+
 HELP = "supervised fine-tuning on prompt/response pairs (loss on responses, packed)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML run config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh where the run directory already holds a run, removing its "
-        "checkpoints and logs (without it, an existing run is resumed, or refused with "
-        "checkpoint.resume=false)",
-    )
+    add_run_arguments(p, "train.lr=1e-4")
 
 
 def main(args: argparse.Namespace) -> int:

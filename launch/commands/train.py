@@ -9,8 +9,13 @@ HELP = "RL training (GRPO family) from verifiable rewards; re-run the same comma
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p, "rl.group_size=8")
+
+
+def add_run_arguments(p: argparse.ArgumentParser, example: str) -> None:
+    """CONFIG, its dotted overrides and --overwrite: what `train` and `sft` both take."""
     p.add_argument("config", help="YAML run config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.group_size=8")
+    p.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -1,6 +1,6 @@
 """The tables ``make bench`` generates from ``benchmarks/results.json`` (``run_all.py`` writes
-them): the full one (``results.md`` and ``benchmarks/README.md``) and the headline one of the
-project README. Pure functions of the results; nothing here runs or writes."""
+them): the full one (``results.md`` and ``benchmarks/README.md``) and the headline one of
+docs/results.md. Pure functions of the results; nothing here runs or writes."""
 
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def compare(mrl: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     lr_diff = max(
         (abs(a - b) / b for a, b in zip(mrl["lrs"], trl["lrs"], strict=False)), default=0.0
     )
-    both = lambda key: {"megatron_rl": m[key], "trl": t[key]}  # noqa: E731
+    both = lambda key: {"megatron_rl": m[key], "trl": t[key]}
     return {
         "step_time_ratio": m["step_s"] / t["step_s"],
         "step_cpu_ratio": m["step_cpu_s"] / t["step_cpu_s"] if t["step_cpu_s"] else float("nan"),

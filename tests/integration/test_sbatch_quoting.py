@@ -25,7 +25,7 @@ from megatron_rl.rollout.slurm_config import SlurmConfig
 from megatron_rl.rollout.slurm_values import sbatch_words
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
+from slurm_cluster import SlurmCluster, slurm_available
 
 HINTS = typing.get_type_hints(SlurmConfig)
 STRING_KEYS = sorted(k for k, tp in HINTS.items() if tp is str or tp == list[str])

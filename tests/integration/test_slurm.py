@@ -27,7 +27,7 @@ from launch.servers import free_port
 from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
+from slurm_cluster import SlurmCluster, slurm_available
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

@@ -227,7 +227,7 @@ def make_model(name: str, tmp: Path) -> tuple[Path, str]:
     """The size's starting checkpoint: a shipped one, or ``random:<size>`` written to ``tmp``."""
     if not name.startswith("random:"):
         return ROOT / name, name
-    from megatron_rl.rollout.tiny_model import count_parameters, make_tiny_qwen2
+    from benchmarks.tiny_model import count_parameters, make_tiny_qwen2
 
     size = name.split(":", 1)[1]
     path = make_tiny_qwen2(tmp / f"model_{size}", size, seed=0, init_std=0.02)

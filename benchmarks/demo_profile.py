@@ -139,7 +139,7 @@ def step_split(run: Path, rec: Recorder, pack: Clock) -> tuple[dict[str, float],
     phase, packing, and the rest (generation in this process, scoring, sync, logging)."""
     rows = step_rows(read_jsonl(run / "metrics.jsonl"))
     keep = [i for i in range(len(rows)) if i >= rec.skip and not rec.profiled(i + 1)]
-    mean = lambda xs: sum(xs[i] for i in keep if i < len(xs)) / len(keep)  # noqa: E731
+    mean = lambda xs: sum(xs[i] for i in keep if i < len(xs)) / len(keep)
     wall = {p: mean([r.get(f"time/{p}_s", 0.0) for r in rows]) for p in PHASES}
     wall.update({"packing (in other)": mean(pack.seconds), "steps": float(len(keep))})
     cpu = {"step": mean([r["time/step_cpu_s"] for r in rows]), "train": mean(rec.cpu),

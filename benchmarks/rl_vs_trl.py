@@ -206,7 +206,7 @@ def compare(mrl: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     lr_diff = max(
         (abs(a - b) / b for a, b in zip(mrl["lrs"], trl["lrs"], strict=False)), default=0.0
     )
-    both = lambda key: {"megatron_rl": m[key], "trl": t[key]}  # noqa: E731
+    both = lambda key: {"megatron_rl": m[key], "trl": t[key]}
     return {
         "step_time_ratio": m["step_s"] / t["step_s"],
         "step_cpu_ratio": m["step_cpu_s"] / t["step_cpu_s"] if t["step_cpu_s"] else float("nan"),
@@ -227,7 +227,7 @@ def make_model(name: str, tmp: Path) -> tuple[Path, str]:
     """The size's starting checkpoint: a shipped one, or ``random:<size>`` written to ``tmp``."""
     if not name.startswith("random:"):
         return ROOT / name, name
-    from megatron_rl.rollout.tiny_model import count_parameters, make_tiny_qwen2
+    from benchmarks.tiny_model import count_parameters, make_tiny_qwen2
 
     size = name.split(":", 1)[1]
     path = make_tiny_qwen2(tmp / f"model_{size}", size, seed=0, init_std=0.02)

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.tiny_model import count_parameters, make_tiny_qwen2
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.rollout.build import build_engine
 from megatron_rl.rollout.config import RolloutConfig
-from megatron_rl.rollout.tiny_model import count_parameters, make_tiny_qwen2
 from megatron_rl.rollout.weight_sync import sync_weights
 
 

@@ -48,7 +48,7 @@ def run_demo(a: argparse.Namespace, out: Path) -> Path:
     """A short demo-config run; returns its metrics.jsonl."""
     model = ROOT / "models" / "tiny-base"
     if a.size or not (model / "config.json").is_file():
-        from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+        from benchmarks.tiny_model import make_tiny_qwen2
 
         model = make_tiny_qwen2(out / "model", a.size or "3m", seed=0, init_std=0.02)
     overrides = [

@@ -52,10 +52,10 @@ def build_policy(model_dir: Path) -> Any:
 
 
 def bench_size(size: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from benchmarks.tiny_model import count_parameters, make_tiny_qwen2
     from megatron_rl.model.parallel import destroy_distributed
     from megatron_rl.rollout.build import build_engine
     from megatron_rl.rollout.config import RolloutConfig
-    from megatron_rl.rollout.tiny_model import count_parameters, make_tiny_qwen2
     from megatron_rl.rollout.weight_sync import sync_weights
 
     if size == "demo":  # the demo's own policy, the size a demo step syncs

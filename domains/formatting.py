@@ -71,7 +71,7 @@ class FormatDomain(Domain):
 
     def generate(self, level: int, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         topic = rng.choice(TOPICS)
-        return getattr(self, f"_gen_{self.rule}")(level, rng, topic)  # type: ignore[no-any-return]
+        return getattr(self, f"_gen_{self.rule}")(level, rng, topic)
 
     def score(self, task: Task, answer: str) -> tuple[float, dict[str, Any]]:
         ok, reason = getattr(self, f"_check_{self.rule}")(task, answer)

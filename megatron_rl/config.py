@@ -31,8 +31,8 @@ from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rollout.config import RolloutConfig
-from megatron_rl.rollout.slurm_config import SlurmConfig
 from megatron_rl.scheduler.config import SchedulerConfig
+from megatron_rl.slurm.config import SlurmConfig
 from megatron_rl.text_checks import check_line, check_path_component
 from megatron_rl.tracking.config import TrackingConfig
 from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig

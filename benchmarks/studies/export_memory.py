@@ -77,12 +77,12 @@ def world_gather(policy: Any) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
+    from benchmarks.tiny_model import SIZES
     from megatron_rl.model.config import ModelConfig, ParallelConfig
     from megatron_rl.model.convert import hf_param_shapes
     from megatron_rl.model.export import hf_buckets
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
     from megatron_rl.model.policy import Policy
-    from megatron_rl.rollout.tiny_model import SIZES
 
     p = argparse.ArgumentParser()
     p.add_argument("--method", choices=["stream", "world"], required=True)

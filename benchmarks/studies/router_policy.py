@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.servers import Fleet, Proc, free_port
 from megatron_rl.rollout.auth import API_KEY_ENV
 from megatron_rl.rollout.base import GenRequest, SamplingParams
@@ -35,7 +36,6 @@ from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.rollout.server import EmbeddedServer
 from megatron_rl.rollout.sglang_client import SGLangEngine
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 POLICIES = ("round_robin", "cache_aware")
 

@@ -1,7 +1,7 @@
 """``megatron-rl submit CONFIG --nodes N [--dry-run]``: render a run's sbatch script, submit it.
 
 The script comes from ``slurm/job.sbatch.j2`` and the ``slurm`` section of the config
-(:class:`megatron_rl.rollout.slurm_config.SlurmConfig`), with ``slurm.*`` dotted overrides and
+(:class:`megatron_rl.slurm.config.SlurmConfig`), with ``slurm.*`` dotted overrides and
 ``--nodes`` on top. Other overrides are passed on to ``megatron-rl train`` in the script.
 ``--dry-run`` prints the script and submits nothing; otherwise it is written to
 ``<run_dir>/job.sbatch`` and handed to ``sbatch``. Layouts (colocated on one node,
@@ -21,7 +21,7 @@ import yaml
 
 if TYPE_CHECKING:
     from megatron_rl.config import RunConfig
-    from megatron_rl.rollout.slurm_config import SlurmConfig
+    from megatron_rl.slurm.config import SlurmConfig
 
 HELP = "render the Slurm sbatch script for a run (--dry-run prints it) and submit it"
 
@@ -69,7 +69,7 @@ def load_with_slurm(config: str, overrides: list[str]) -> tuple[RunConfig, Slurm
     """(RunConfig, SlurmConfig) from one YAML; the ``slurm`` section may or may not be part of
     RunConfig yet, so it is split off and built on its own."""
     from megatron_rl.config import RunConfig, apply_overrides, apply_renamed, from_dict, validate
-    from megatron_rl.rollout.slurm_config import SlurmConfig
+    from megatron_rl.slurm.config import SlurmConfig
 
     path = Path(config)
     if not path.is_file():
@@ -120,7 +120,7 @@ def render_sbatch(
     """The complete sbatch script for ``cfg`` laid out by ``slurm``."""
     import jinja2
 
-    from megatron_rl.rollout.slurm_values import output_pattern, sbatch_quote
+    from megatron_rl.slurm.values import output_pattern, sbatch_quote
 
     trainer_nodes, rollout_nodes = slurm.layout()
     colocated = slurm.nodes == 1

@@ -131,7 +131,7 @@ def _sandbox() -> tuple[Any, str]:
     """``run_program`` of the sandbox package, or None and why it cannot be imported."""
     try:
         from megatron_rl.rewards.sandbox import run_program
-    except Exception as e:  # noqa: BLE001 - any import failure (a missing module, a bad build)
+    except Exception as e:  # any import failure (a missing module, a bad build)
         return None, f"the sandbox cannot be imported: {type(e).__name__}: {e}"
     return run_program, ""
 
@@ -172,6 +172,6 @@ def run_tests(
         res: SandboxResult = run_program(
             program, tests, timeout_s=timeout_s, memory_mb=memory_mb, allow_unsandboxed=allow
         )
-    except Exception as e:  # noqa: BLE001 - SandboxUnavailable, or the sandbox itself failing
+    except Exception as e:  # SandboxUnavailable, or the sandbox itself failing
         return _no_sandbox(type(e).__name__, f"{type(e).__name__}: {e}")
     return res

@@ -71,7 +71,7 @@ class Registry:
             self.domains[d.name] = d
             self._owner[d.name] = plugin
 
-    def load_plugin(self, plugin: str, source: str, load) -> None:  # type: ignore[no-untyped-def]
+    def load_plugin(self, plugin: str, source: str, load) -> None:
         """Call ``load()`` (-> factory) then the factory; record any failure under ``plugin``.
         On a main thread a plugin that takes over ``LOAD_TIMEOUT_S`` to load is stopped."""
         try:

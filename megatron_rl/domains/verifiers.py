@@ -37,7 +37,7 @@ def math_equal(gold: str, answer: str) -> tuple[bool, bool]:
     g = _parse_gold(gold)
     bare_latex = "\\" in answer and "$" not in answer and "\\boxed" not in answer
     # bare LaTeX ("3\\sqrt{7}") is only read whole inside $...$; plain text parses as is
-    p = parse(f"${answer}$" if bare_latex else answer, parsing_timeout=t)  # type: ignore[arg-type]
+    p = parse(f"${answer}$" if bare_latex else answer, parsing_timeout=t)
     if not p:
         return False, False
     return bool(verify(g, p, timeout_seconds=t)), True
@@ -51,7 +51,7 @@ def _parse_gold(gold: str) -> Any:
     0. Cached: a group's answers share their gold."""
     from math_verify import parse
 
-    return parse(f"${gold}$", parsing_timeout=None)  # type: ignore[arg-type]
+    return parse(f"${gold}$", parsing_timeout=None)
 
 
 def numbers_equal(gold: str, answer: str) -> tuple[bool, bool]:

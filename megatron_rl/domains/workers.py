@@ -129,12 +129,12 @@ def _serve(
             t0 = time.perf_counter()
             try:
                 msg: tuple[Any, ...] = (i, "", call_domain(domains, call))
-            except Exception as e:  # noqa: BLE001 - a plugin's fault is an outcome, not a crash
+            except Exception as e:  # a plugin's fault is an outcome, not a crash
                 tb = traceback.format_exception_only(type(e), e)[-1].strip()
                 msg = (i, "error", tb[:500])
             try:
                 conn.send((*msg, time.perf_counter() - t0))
-            except Exception as e:  # noqa: BLE001 - an unpicklable value
+            except Exception as e:  # an unpicklable value
                 conn.send((i, "error", f"result could not be sent: {e!r}"[:500], 0.0))
 
 
@@ -304,7 +304,7 @@ class DomainWorkers:
         t0 = time.perf_counter()
         try:
             return Outcome(value=call_domain(self._inline, c), seconds=time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - a plugin's fault is an outcome
+        except Exception as e:  # a plugin's fault is an outcome
             msg = traceback.format_exception_only(type(e), e)[-1].strip()[:500]
             return Outcome(failure="error", message=msg, seconds=time.perf_counter() - t0)
 

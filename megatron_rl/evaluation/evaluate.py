@@ -150,7 +150,7 @@ def safe_verify(domain: Domain, task: Task, response: str) -> VerifyResult | Non
     judge, ``VerifyResult.error``) is logged with its input, None returned."""
     try:
         result = domain.verify(task, response)
-    except Exception as e:  # noqa: BLE001 - a broken verifier must not stop a run
+    except Exception as e:  # a broken verifier must not stop a run
         log.warning(
             "verifier of %s raised on task %s: %r (response %r)",
             domain.name,

@@ -163,7 +163,7 @@ def varlen_attention(
 
 
 @dataclass
-class PrefixSeqParams(PackedSeqParams):  # type: ignore[misc]
+class PrefixSeqParams(PackedSeqParams):
     """THD ``PackedSeqParams`` of a shared-prefix row: also each sequence's prefix segment
     (``prefix_of``, see :func:`varlen_attention`) and every token's RoPE position [T] (for a CP
     split: of the whole padded row), read by :class:`TokenRotaryEmbedding`."""
@@ -249,7 +249,7 @@ def install_token_rope(model: Any) -> None:
 class VarlenDotProductAttention(DotProductAttention):
     """megatron-core's local core attention that also takes THD ``PackedSeqParams``."""
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         query: Tensor,
         key: Tensor,

@@ -203,7 +203,7 @@ class _CudaOnCpu:
         return _NoStream()
 
     @staticmethod
-    def Stream(*args: Any, **kwargs: Any) -> _NoStream:  # noqa: N802 - torch.cuda.Stream
+    def Stream(*args: Any, **kwargs: Any) -> _NoStream:  # named like torch.cuda.Stream
         return _NoStream()
 
     @staticmethod

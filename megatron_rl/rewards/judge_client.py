@@ -114,7 +114,7 @@ class JudgeClient:
             return
         try:
             closing.result(5)
-        except Exception as e:  # noqa: BLE001 - closing must not stop the run
+        except Exception as e:  # closing must not stop the run
             log.warning("judge client close: %r", e)
         self._thread.join(timeout=5)
 

@@ -81,7 +81,7 @@ def _child(conn: Any, model_dir: str, threads: int, batch_size: int) -> None:
             model.config.pad_token_id = tok.pad_token_id or tok.eos_token_id
         tok.pad_token_id = model.config.pad_token_id
         tok.padding_side = "right"
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
+    except BaseException as e:  # reported to the parent
         conn.send(("error", repr(e)))
         return
     conn.send(("ok", None))
@@ -96,7 +96,7 @@ def _child(conn: Any, model_dir: str, threads: int, batch_size: int) -> None:
                     enc = tok(texts[i : i + batch_size], return_tensors="pt", padding=True)
                     out += model(**enc).logits[:, 0].float().tolist()
             conn.send(("ok", out))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             conn.send(("error", repr(e)))
 
 

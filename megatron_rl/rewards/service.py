@@ -34,7 +34,7 @@ def stop(backend: Any, kill: bool, prefix: str) -> None:
             backend.kill()
         elif hasattr(backend, "shutdown"):
             backend.shutdown()
-    except Exception as e:  # noqa: BLE001 - a backend that will not stop must not stop the run
+    except Exception as e:  # a backend that will not stop must not stop the run
         log.warning("%s shutdown: %r", prefix, e)
 
 
@@ -115,7 +115,7 @@ class Deadlined:
                 self._start_failed(f"no start-up after {budget} s")
             self.drop(kill=True)
             return self.fail(n, "timeout")
-        except Exception as e:  # noqa: BLE001 - engine errors, a dead process or server
+        except Exception as e:  # engine errors, a dead process or server
             if attempt.backend is None:
                 self._start_failed(repr(e))
             else:
@@ -148,7 +148,7 @@ class Deadlined:
         def target() -> None:
             try:
                 box["out"] = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            except BaseException as e:  # handed to the caller's thread
                 box["err"] = e
 
         th = threading.Thread(target=target, daemon=True, name=self.prefix)

@@ -351,7 +351,7 @@ class HFEngine(RolloutEngine):
         return time.perf_counter() - start
 
     def shutdown(self) -> None:
-        self.model = None  # type: ignore[assignment]
+        self.model = None
 
 
 _EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")

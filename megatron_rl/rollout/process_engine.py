@@ -78,7 +78,7 @@ def _child(conn: Any, cfg: RolloutConfig, model_dir: str, seed: int, threads: in
     torch.set_num_threads(threads)
     try:
         engine = engine_class(cfg)(replace(cfg, process="same"), model_dir, seed)  # type: ignore[call-arg]
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+    except BaseException as e:  # reported to the parent, which raises it
         conn.send(("error", e))
         return
     conn.send(("ok", None, {}))
@@ -87,7 +87,7 @@ def _child(conn: Any, cfg: RolloutConfig, model_dir: str, seed: int, threads: in
         try:
             result = getattr(engine, op)(*args)
             conn.send(("ok", result, dict(engine.stats)))
-        except BaseException as e:  # noqa: BLE001 - the parent re-raises it
+        except BaseException as e:  # the parent re-raises it
             conn.send(("error", e))
         if op == "shutdown":
             return

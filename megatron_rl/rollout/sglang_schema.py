@@ -108,7 +108,7 @@ SAMPLING_PARAMS = _obj(
 )
 
 _IDS = {"anyOf": [_list(_INT), _list(_list(_INT))]}
-_ONE_OR_MANY = lambda s: {"anyOf": [s, _list(s), _NULL]}  # noqa: E731
+_ONE_OR_MANY = lambda s: {"anyOf": [s, _list(s), _NULL]}
 
 # GenerateReqInput: every field SGLang accepts (values of fields we do not use are unchecked).
 _GENERATE_USED = {

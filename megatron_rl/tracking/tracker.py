@@ -146,7 +146,7 @@ class Tracker:
         if self._wandb is not None:
             import wandb
 
-            self._wandb.log({name: wandb.Table(columns=list(columns), data=rows)}, step=step)  # type: ignore[arg-type]
+            self._wandb.log({name: wandb.Table(columns=list(columns), data=rows)}, step=step)
 
     def image(self, step: int, name: str, path: str | Path) -> None:
         if self.enabled and self._wandb is not None:

@@ -69,7 +69,7 @@ def train_step(
         b: PackedBatch, logp: torch.Tensor, ent: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         cu = b.cu_seqlens
-        pad = lambda x: to_padded(x, cu)  # noqa: E731
+        pad = lambda x: to_padded(x, cu)
         mask, lp, rlp = pad(b.loss_mask), pad(logp), pad(b.extras["rollout_lp"])
         ref = b.extras.get("ref_lp")
         loss, m = rl_loss(

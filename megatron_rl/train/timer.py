@@ -22,7 +22,7 @@ class Timer:
         self.spent: dict[str, float] = {}
 
     @contextmanager
-    def __call__(self, name: str):  # type: ignore[no-untyped-def]
+    def __call__(self, name: str):
         t0 = time.time()
         try:
             yield

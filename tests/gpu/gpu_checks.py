@@ -43,7 +43,7 @@ class Ctx:
     def __init__(self, device: str) -> None:
         import torch
 
-        from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+        from benchmarks.tiny_model import make_tiny_qwen2
 
         self.device = device
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
@@ -266,10 +266,10 @@ def moe_te_check(ctx: Ctx) -> dict[str, Any]:
 
     import torch
 
+    from benchmarks.tiny_model import make_tiny_qwen3
     from megatron_rl.model import hf_io
     from megatron_rl.model.moe import ROUTES_KEY, routes_extra
     from megatron_rl.packing.batch import pack
-    from megatron_rl.rollout.tiny_model import make_tiny_qwen3
     from megatron_rl.train.config import TrainConfig
 
     model = make_tiny_qwen3(ctx.tmp / "moe", "test", seed=0, moe=True)

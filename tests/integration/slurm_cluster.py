@@ -124,7 +124,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
         )
 
     def _spawn(self, name: str, argv: list[str], pid_file: Path) -> None:
-        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 (kept by child)
+        log = open(self.root / "log" / f"{name}.out", "ab")  # kept by child
         subprocess.run(argv, stdout=log, stderr=log, env=self.env(), check=True, timeout=30)
         log.close()
         self.pids[name] = _read_pid(pid_file, timeout_s=15)

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.servers import free_port
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -388,7 +388,7 @@ def test_time_to_gain_statistics_over_seeds() -> None:
     g = mod("rl_vs_trl_gain")
     runs: dict[str, dict[str, Any]] = {"megatron_rl": {}, "trl": {}, "demo_recipe": {}}
     for seed, (m_at, t_at) in {"1": (2, 4), "2": (1, 4), "3": (3, 4)}.items():
-        curve = lambda at: [0.3 if i + 1 < at else 0.41 for i in range(5)]  # noqa: E731
+        curve = lambda at: [0.3 if i + 1 < at else 0.41 for i in range(5)]
         runs["megatron_rl"][seed] = _gain_run([1.0] * 5, curve(m_at))
         runs["trl"][seed] = _gain_run([4.0] * 5, curve(t_at))
     runs["demo_recipe"]["1"] = _gain_run([1.0] * 5, [0.3] * 5)  # never gets there

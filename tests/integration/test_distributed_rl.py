@@ -32,9 +32,9 @@ import pytest
 import torch
 from launching import ENV, TORCHRUN, launch
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.config import load_config
 from megatron_rl.model import hf_io
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "integration" / "dist" / "rl_layouts.py"

@@ -25,6 +25,7 @@ import torch
 from aiohttp import web
 from test_sglang import ServerThread
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.domains.base import Task
 from megatron_rl.rewards.judge import Judge, JudgeConfig
 from megatron_rl.rollout.auth import API_KEY_ENV
@@ -32,7 +33,6 @@ from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.rollout.server import EmbeddedServer
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 torch.set_num_threads(1)
 KEY = "judge-test-key-0123456789abcdefghijkl"  # 37 printable characters

@@ -82,7 +82,7 @@ class Server(BaseHTTPRequestHandler):
 
     mode = "ok"
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert self.path == "/classify" and isinstance(body["text"], list)
         if self.mode == "slow":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from test_slurm import _trainer_pids
 
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+from benchmarks.tiny_model import make_tiny_qwen2
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 1  # torchrun --shutdown-timeout, and what the trainer is told

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch import cli
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
 

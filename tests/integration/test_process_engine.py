@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.base import GenRequest, SamplingParams
 from megatron_rl.rollout.build import build_engine
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.process_engine import ProcessEngine, oversubscribed, resolve
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 
 @pytest.fixture(scope="module")

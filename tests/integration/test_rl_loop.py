@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.config import load_config
 from megatron_rl.domains import split_of
 from megatron_rl.model import hf_io
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.config import load_config
 from megatron_rl.domains import Domain, Task
 from megatron_rl.domains.base import Env, Observation
 from megatron_rl.model import hf_io
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
 # The T=1 bound of test_rl_loop.py: trainer and engine agree to fp32 rounding (~1e-6/token); a

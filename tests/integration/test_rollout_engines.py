@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.base import Completion, GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.rollout.build import build_engine as build
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import nucleus_filter
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.weight_sync import sync_weights
 
 # fp32 bound on |engine log-prob - plain transformers forward|. Both compute the same fp32 math;

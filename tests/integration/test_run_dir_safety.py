@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch import cli
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 from megatron_rl.train.checkpoint import CheckpointManager
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,11 +21,11 @@ import yaml
 
 from launch.commands.submit import load_with_slurm, render_sbatch
 from megatron_rl.config import RunConfig
-from megatron_rl.rollout.slurm_config import SlurmConfig
-from megatron_rl.rollout.slurm_values import sbatch_words
+from megatron_rl.slurm.config import SlurmConfig
+from megatron_rl.slurm.values import sbatch_words
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
+from slurm_cluster import SlurmCluster, slurm_available
 
 HINTS = typing.get_type_hints(SlurmConfig)
 STRING_KEYS = sorted(k for k, tp in HINTS.items() if tp is str or tp == list[str])

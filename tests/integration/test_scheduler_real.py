@@ -151,7 +151,7 @@ def write_run(run: Path, trained: list[int]) -> None:
     d = ["x/a", "x/b"]
     sweep = lambda s, v: (
         {"step": s}
-        | {  # noqa: E731
+        | {
             f"eval/{k}/{m}": x
             for k, base in zip(d, v, strict=True)
             for m, x in (("accuracy", base), ("stderr", 0.01), ("distinct", 128.0))

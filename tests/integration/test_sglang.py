@@ -20,6 +20,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout import sglang_schema
 from megatron_rl.rollout.base import GenRequest, SamplingParams, derive_seed
 from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
@@ -30,7 +31,6 @@ from megatron_rl.rollout.sglang_client import (
     SGLangEngine,
     to_sampling_params,
 )
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 torch.set_num_threads(1)
 

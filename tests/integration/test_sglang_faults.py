@@ -23,13 +23,13 @@ import pytest
 import torch
 from test_sglang import ServerThread
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.servers import Fleet, Proc, free_port, http
 from megatron_rl.rollout.base import GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.rollout.server import EmbeddedServer
 from megatron_rl.rollout.sglang_client import SGLangEngine, to_sampling_params
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 torch.set_num_threads(1)
 LOAD_S = 12.0

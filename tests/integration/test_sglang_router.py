@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import auth_headers
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.servers import Fleet, assign_gpus, free_port
 from megatron_rl.rollout.base import GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 from megatron_rl.rollout.sglang_client import SGLangEngine
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 
 def _get(url: str) -> dict:

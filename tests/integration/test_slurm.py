@@ -22,12 +22,12 @@ from typing import TypeVar
 
 import pytest
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.commands.submit import load_with_slurm, render_sbatch
 from launch.servers import free_port
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
+from slurm_cluster import SlurmCluster, slurm_available
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

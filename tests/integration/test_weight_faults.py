@@ -71,7 +71,7 @@ class DyingFleet(Fleet):
 
 
 def _micro(tmp: Path, steps: int) -> list[str]:
-    from megatron_rl.rollout.tiny_model import make_tiny_qwen2
+    from benchmarks.tiny_model import make_tiny_qwen2
 
     model = make_tiny_qwen2(tmp / "model", "test", seed=0)
     words = ["cats", "dogs", "rain", "sun", "tea", "maps", "jazz", "snow"] * 2  # 16 tasks
@@ -221,8 +221,8 @@ def test_a_survivor_leaves_a_stale_group_on_a_new_init_or_after_the_bucket_timeo
 
     import torch
 
+    from benchmarks.tiny_model import make_tiny_qwen2
     from megatron_rl.rollout import weight_group
-    from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
     model = make_tiny_qwen2(tmp_path / "m", "test", seed=0)
     fleet = Fleet(tmp_path / "f", str(model), 1, engine="hf", health_timeout_s=240,

@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from launch.servers import Fleet, free_port, http
 from megatron_rl.rollout import weight_group
 from megatron_rl.rollout.base import GenRequest, SamplingParams, load_hf_dir
 from megatron_rl.rollout.config import RolloutConfig, SGLangConfig
 from megatron_rl.rollout.hf_engine import HFEngine
 from megatron_rl.rollout.sglang_client import SGLangEngine
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[2]

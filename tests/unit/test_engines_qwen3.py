@@ -18,11 +18,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.tiny_model import make_tiny_qwen3
 from megatron_rl.model import hf_io
 from megatron_rl.rollout.base import EngineStartError, GenRequest, RolloutEngine, SamplingParams
 from megatron_rl.rollout.build import build_engine as build
 from megatron_rl.rollout.config import RolloutConfig
-from megatron_rl.rollout.tiny_model import make_tiny_qwen3
 from megatron_rl.rollout.weight_sync import sync_weights
 
 # as tests/integration/test_rollout_engines.py: fp32 kernels differ by ~1e-5 at most

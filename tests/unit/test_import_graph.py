@@ -136,7 +136,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def crossing(graph: dict[str, set[str]], src: str, dst: str) -> list[str]:
     """``a -> b`` for every edge from a module of package ``src`` into package ``dst``."""
-    inside = lambda m, p: m == p or m.startswith(p + ".")  # noqa: E731
+    inside = lambda m, p: m == p or m.startswith(p + ".")
     return sorted(
         f"{a} -> {b}" for a, bs in graph.items() if inside(a, src) for b in bs if inside(b, dst)
     )

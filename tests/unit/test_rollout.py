@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from benchmarks.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.base import (
     ENGINES,
     EngineStartError,
@@ -20,7 +21,6 @@ from megatron_rl.rollout.base import (
 from megatron_rl.rollout.build import build_engine
 from megatron_rl.rollout.config import RolloutConfig
 from megatron_rl.rollout.hf_engine import nucleus_filter
-from megatron_rl.rollout.tiny_model import make_tiny_qwen2
 from megatron_rl.rollout.weight_sync import sync_weights, write_safetensors
 
 

@@ -72,7 +72,7 @@ def test_engine_returns_the_experts_of_every_token_it_ran() -> None:
 
 
 def test_engine_on_a_dense_model_refuses_routed_experts(tmp_path: Path) -> None:
-    from megatron_rl.rollout.tiny_model import make_tiny_qwen3
+    from benchmarks.tiny_model import make_tiny_qwen3
 
     dense = make_tiny_qwen3(tmp_path / "dense", "test")
     with pytest.raises(EngineStartError, match="needs an MoE model") as err:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_rl.rollout.slurm_config import SlurmConfig
-from megatron_rl.rollout.slurm_values import output_pattern, sbatch_quote, sbatch_words
+from megatron_rl.slurm.config import SlurmConfig
+from megatron_rl.slurm.values import output_pattern, sbatch_quote, sbatch_words
 from megatron_rl.text_checks import check_path_component
 
 

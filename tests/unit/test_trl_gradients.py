@@ -340,7 +340,7 @@ def _second_pass(
     from megatron_rl.train.losses import rl_loss
 
     def loss_fn(b: Any, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        pad = lambda x: to_padded(x, b.cu_seqlens)  # noqa: E731
+        pad = lambda x: to_padded(x, b.cu_seqlens)
         loss, m = rl_loss(pad(logp), pad(b.extras["old_lp"]), pad(b.extras["adv"]),
                           pad(b.loss_mask), cfg.rl, norm, rollout_logp=pad(b.extras["rollout_lp"]),
                           entropy=pad(ent))  # fmt: skip

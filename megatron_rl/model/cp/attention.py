@@ -155,7 +155,7 @@ def cp_packed_attention(
     return torch.cat(outs, 0) if outs else query.new_zeros(query.shape)
 
 
-class CPDotProductAttention(MegatronModule):  # type: ignore[misc]
+class CPDotProductAttention(MegatronModule):
     """megatron-core core attention (local spec) for CP > 1: :func:`cp_packed_attention`.
 
     Takes the constructor arguments megatron's ``Attention`` passes to any core attention and the

@@ -19,8 +19,8 @@ import traceback
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import confine  # noqa: E402
-import wire  # noqa: E402
+import confine
+import wire
 
 COMPILE_ERROR_EXIT = 3  # exit status when the program does not compile
 

@@ -18,8 +18,8 @@ import sys
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import confine  # noqa: E402
-import wire  # noqa: E402
+import confine
+import wire
 
 
 class CandidateGone(BaseException):

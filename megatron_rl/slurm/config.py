@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from megatron_rl.rollout.slurm_values import check_strings
+from megatron_rl.slurm.values import check_strings
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Random Qwen2 / Qwen3 / Qwen3-MoE checkpoints in HF layout, for engine tests and benchmarks.
+Only tests and benchmarks build them, so this lives in benchmarks/, outside the library.
 
 Nothing is downloaded: the model is built from a ``transformers`` config with a fixed seed and
 saved with the project's byte-level tokenizer (:mod:`megatron_rl.model.tokenizer`). The
@@ -9,7 +10,7 @@ Head size defaults to 64: the vLLM CPU attention kernels accept 32 and 64 but no
 
 The shipped MoE base ``models/tiny-moe`` is :func:`make_tiny_qwen3` with ``moe=True`` at size
 ``moe`` (4 layers, 8 experts of width 64, top-2; random at HF's usual init std 0.02, 1.07M
-parameters): ``python -m megatron_rl.rollout.tiny_model models/tiny-moe --arch qwen3_moe
+parameters): ``python -m benchmarks.tiny_model models/tiny-moe --arch qwen3_moe
 --size moe --init-std 0.02``. At the 0.2 the engine tests use, the router logits are ~10x larger
 and a bf16 router's rounding moves the expert weights by ~1e-2 (docs/LOG.md).
 """

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from megatron_rl.text_checks import bad_char, check_line
 
 if TYPE_CHECKING:
-    from megatron_rl.rollout.slurm_config import SlurmConfig
+    from megatron_rl.slurm.config import SlurmConfig
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; 0, UNLIMITED or INFINITE for no limit

@@ -39,11 +39,11 @@ def one_point(length: int, recompute: str, threads: int) -> dict[str, float]:
     import psutil
     import torch
 
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model.config import ModelConfig, ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
     from megatron_rl.packing.batch import pack
-    from megatron_rl.train.config import TrainConfig
 
     torch.set_num_threads(threads)
     cfg = ModelConfig(recompute=recompute, max_position_embeddings=max(2048, length))  # type: ignore[arg-type]

@@ -5,13 +5,13 @@
 The overhead of the sandbox over plain python moves a lot between runs on a shared machine, so
 two separate runs of sandbox_throughput.py cannot tell a 5% change. This runs the same workload
 (sandbox_throughput.workload: passing, failing and timing-out programs, each against a 2-test
-file) through the base revision's ``megatron_rl/rewards/sandbox`` (extracted with ``git archive``
-and imported under another name) and through this tree's, alternating A-B, B-A each round so a
-drift in load hits both alike. Prints executions/s per round and the ratio new/base per round,
-their geometric mean and a 95% interval (t over the log ratios), the same for CPU seconds per
-execution (host and sandboxes; steadier than wall time under load), then one JSON line. Verdicts
-that differ between the sides (a program near its 1 s limit timing out on one side under heavy
-load) are counted per round, not hidden.
+file) through the base revision's ``megatron_rl/sandbox`` (``megatron_rl/rewards/sandbox`` before
+issue 53; extracted with ``git archive`` and imported under another name) and through this
+tree's, alternating A-B, B-A each round so a drift in load hits both alike. Prints executions/s
+per round and the ratio new/base per round, their geometric mean and a 95% interval (t over the
+log ratios), the same for CPU seconds per execution (host and sandboxes; steadier than wall time
+under load), then one JSON line. Verdicts that differ between the sides (a program near its 1 s
+limit timing out on one side under heavy load) are counted per round, not hidden.
 """
 
 from __future__ import annotations
@@ -36,21 +36,25 @@ from pathlib import Path
 from benchmarks.harness import ROOT
 from benchmarks.sandbox_throughput import TESTS, workload
 
+# where the sandbox package lives in a revision: now, and before issue 53 moved it out of rewards/
+SANDBOX_PATHS = ("megatron_rl/sandbox", "megatron_rl/rewards/sandbox")
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 def load_base(ref: str, into: Path):
     """The sandbox package at git revision ``ref``, importable as ``sandbox_base``."""
-    tar = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "megatron_rl/rewards/sandbox"],
-        check=True, capture_output=True,
-    ).stdout  # fmt: skip
-    with tarfile.open(fileobj=BytesIO(tar)) as archive:
+    for where in SANDBOX_PATHS:
+        got = subprocess.run(["git", "-C", str(ROOT), "archive", ref, where], capture_output=True)
+        if got.returncode == 0:
+            break
+    else:
+        raise ValueError(f"revision {ref!r} has no sandbox package at {' or '.join(SANDBOX_PATHS)}")
+    with tarfile.open(fileobj=BytesIO(got.stdout)) as archive:
         archive.extractall(into, filter="data")
     package = into / "sandbox_base"
-    shutil.move(into / "megatron_rl" / "rewards" / "sandbox", package)
+    shutil.move(into / where, package)
     for path in package.glob("*.py"):  # the harness under inside/ imports nothing of ours
-        text = re.sub(r"\bmegatron_rl\.rewards\.sandbox\b", "sandbox_base", path.read_text())
+        text = re.sub(r"\bmegatron_rl\.(rewards\.)?sandbox\b", "sandbox_base", path.read_text())
         path.write_text(text)
     for path in [into, *into.rglob("*")]:  # the sandbox's unprivileged uid reads inside/
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     workers = args.workers or os.cpu_count() or 1
     programs = [p for _, p in workload(args.n)]
-    import megatron_rl.rewards.sandbox as new
+    import megatron_rl.sandbox as new
 
     with tempfile.TemporaryDirectory(prefix="mrl-sandbox-ab-") as tmp:
         os.chmod(tmp, 0o755)

@@ -24,8 +24,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from megatron_rl.rewards.sandbox import Limits, SandboxPool
-from megatron_rl.rewards.sandbox.isolation import SANDBOX_PYTHON
+from megatron_rl.sandbox import Limits, SandboxPool
+from megatron_rl.sandbox.isolation import SANDBOX_PYTHON
 
 PASSING = "def solve(xs):\n    return sorted(xs)\n"
 FAILING = "def solve(xs):\n    return list(xs)\n"

@@ -105,10 +105,10 @@ def time_training(
 
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called around each step on an accelerator.
     """
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import destroy_distributed, init_distributed
     from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import TrainConfig
 
     info = init_distributed(ParallelConfig(), seed=0)
     policy = Policy(cfg, info, TrainConfig(lr=lr))

@@ -36,11 +36,11 @@ def build_policy(model_dir: Path) -> Any:
     """The trainer's Policy for an HF checkpoint, as ``train.runtime.setup_run`` builds it."""
     from dataclasses import replace
 
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model import hf_io
     from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import TrainConfig
 
     _, mcfg = hf_io.load_hf_config(str(model_dir))
     mcfg = replace(mcfg, hf_path=str(model_dir))

@@ -22,8 +22,7 @@ import random
 from functools import cache
 from typing import Any
 
-from megatron_rl.domains.base import Domain, Task
-from megatron_rl.domains.reward import RewardWeights
+from megatron_rl.domains.base import Domain, RewardWeights, Task
 from megatron_rl.domains.verifiers import extract_code, score_program
 
 HIDDEN_TESTS = {1: 5, 2: 10, 3: 20}  # level -> number of hidden test inputs

@@ -48,9 +48,9 @@ def bf16_router(gate: torch.nn.Module) -> None:
 def pack_rollout(reqs: list[Any], outs: list[list[Any]]) -> Any:
     """Prompt + completion of every sample packed with the engine's log-probs and routes."""
     from megatron_rl.controller.batches import sample_routes
-    from megatron_rl.controller.groups import Sample
     from megatron_rl.model.moe import ROUTES_KEY
     from megatron_rl.packing.batch import pack
+    from megatron_rl.rollout.groups import Sample
 
     seqs, masks, lps, routes = [], [], [], []
     for req, group in zip(reqs, outs, strict=True):
@@ -95,7 +95,7 @@ def measure(policy: Any, batch: Any) -> dict[str, float]:
     own = policy.replay.recorded()
     policy.replay.record(False)
     ((replayed, _),) = policy.token_logprobs([batch])
-    from megatron_rl.train.losses import logp_mismatch
+    from megatron_rl.losses import logp_mismatch
 
     out: dict[str, float] = {"tokens": float(batch.loss_mask.sum())}
     for name, lp in (("replay", replayed), ("free", free)):

@@ -92,7 +92,7 @@ def _compat() -> str:
 
 def _sandbox() -> dict[str, str]:
     """The memory bound sandboxes get here, and what keeps their pid 1 out of reach."""
-    from megatron_rl.rewards.sandbox import isolation, memory
+    from megatron_rl.sandbox import isolation, memory
 
     abi = isolation.landlock_abi()
     guard = (

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 
-from megatron_rl.rewards.sandbox import Limits, SandboxUnavailable, run_program
+from megatron_rl.sandbox import Limits, SandboxUnavailable, run_program
 
 HELP = "run a program (optionally against a tests file) in the code-reward sandbox"
 

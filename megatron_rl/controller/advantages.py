@@ -13,7 +13,7 @@ the same shape; each completion's advantage is then broadcast over its tokens by
   n = 8) the difference is below 3e-4.
 - ``drgrpo``: r - group mean, no std division (Liu et al. 2025, "Understanding R1-Zero-Like
   Training"); its other half, the constant length normaliser, is the loss aggregation
-  ``seq_mean_token_sum`` with a fixed normaliser (see :mod:`megatron_rl.train.losses`).
+  ``seq_mean_token_sum`` with a fixed normaliser (see :mod:`megatron_rl.losses`).
 - ``rloo``: r_i - mean of the other n - 1 rewards (Ahmadian et al. 2024), which equals
   n / (n - 1) * (r_i - group mean); 0 for n = 1.
 - ``passthrough``: the rewards unchanged, for domains whose rewards are already centred dense

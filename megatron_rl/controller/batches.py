@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megatron_rl.controller.advantages import compute_advantages
-from megatron_rl.controller.groups import Group, Sample
 from megatron_rl.controller.shares import pack_rows, pack_shares
+from megatron_rl.losses import kl_reward_penalty
 from megatron_rl.model.gpt import TEMPERATURE_KEY, use_te_spec
 from megatron_rl.model.moe import ROUTES_KEY, routes_extra
 from megatron_rl.packing.batch import PackedBatch, to_padded
-from megatron_rl.train.losses import kl_reward_penalty
+from megatron_rl.rollout.groups import Group, Sample
 
 if TYPE_CHECKING:
-    from megatron_rl.train.config import RLConfig
+    from megatron_rl.config.train import RLConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from megatron_rl.controller.admission import Admission, prompt_fits
 from megatron_rl.controller.batches import build_batches, kl_reward_penalties, shared_prefix_enabled
 from megatron_rl.controller.engine import finish, start_engine
 from megatron_rl.controller.generate import RolloutProducer, rollout_metrics
-from megatron_rl.controller.groups import Group
 from megatron_rl.controller.monitoring import log_samples, monitor_step
 from megatron_rl.controller.prescreen import prescreen
 from megatron_rl.domains.guard import DomainGuard
@@ -35,16 +34,17 @@ from megatron_rl.evaluation import levels as level_eval
 from megatron_rl.evaluation.prompt_cache import PromptCache
 from megatron_rl.evaluation.prompt_sets import Drawing
 from megatron_rl.evaluation.sweeps import RLEval, eval_due, run_eval, summarize
+from megatron_rl.losses import drgrpo_constant, global_normalizer
 from megatron_rl.packing.batch import PackedBatch
 from megatron_rl.rewards.constraints import Multipliers, count_violations
 from megatron_rl.rewards.judge import Judge
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rewards.reward_model import RewardModel
+from megatron_rl.rollout.groups import Group
 from megatron_rl.rollout.weight_sync import sync_weights
+from megatron_rl.run import Run
 from megatron_rl.scheduler import DomainInfo, DomainScheduler
-from megatron_rl.train.losses import drgrpo_constant, global_normalizer
-from megatron_rl.train.runtime import Runtime
-from megatron_rl.train.timer import Timer
+from megatron_rl.tracking.timer import Timer
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,7 @@ log = logging.getLogger(__name__)
 class Controller:
     """Rollout, scoring, selection, advantages, DP partition, weight push, evals and logging."""
 
-    def __init__(
-        self, rt: Runtime, engine_dir: Path, admission: Admission, ref: Any = None
-    ) -> None:
+    def __init__(self, rt: Run, engine_dir: Path, admission: Admission, ref: Any = None) -> None:
         cfg = rt.cfg
         self.rt, self.cfg = rt, cfg
         self.ref = ref  # the frozen reference, for KL as a reward penalty (rl.kl_in_reward)

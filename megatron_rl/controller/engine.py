@@ -11,12 +11,12 @@ from typing import Any
 from megatron_rl.rollout.base import RolloutEngine
 from megatron_rl.rollout.build import build_engine
 from megatron_rl.rollout.process_engine import oversubscribed, resolve
-from megatron_rl.train.runtime import Runtime
+from megatron_rl.run import Run
 
 log = logging.getLogger(__name__)
 
 
-def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
+def start_engine(rt: Run, weights: Path) -> RolloutEngine:
     """Start the configured engine on HF-layout weights (the controller's, global rank 0 only)."""
     t0 = time.time()
     cfg = rt.cfg
@@ -30,7 +30,7 @@ def start_engine(rt: Runtime, weights: Path) -> RolloutEngine:
     return engine
 
 
-def finish(rt: Runtime, engine: RolloutEngine, summary: dict[str, Any]) -> dict[str, Any]:
+def finish(rt: Run, engine: RolloutEngine, summary: dict[str, Any]) -> dict[str, Any]:
     rt.tracker.finish()
     engine.shutdown()
     return summary

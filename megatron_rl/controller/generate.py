@@ -5,7 +5,7 @@ all counted in :func:`rollout_metrics`; groups filtered later by the scheduler a
 too. Domain code runs through the run's :class:`~megatron_rl.domains.guard.DomainGuard`: a task
 draw or verification that fails or passes its deadline, or a prompt too long for the policy,
 drops that group alone (``rollout/groups_dropped``, ``health/<domain>/<kind>``), and a domain
-that keeps failing is quarantined. The groups themselves are :mod:`megatron_rl.controller.groups`.
+that keeps failing is quarantined. The groups themselves are :mod:`megatron_rl.rollout.groups`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from megatron_rl.controller.episodes import run_episodes
-from megatron_rl.controller.groups import Group, Sample
 from megatron_rl.domains import Domain, Task
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.reward import compose_reward
@@ -27,6 +25,8 @@ from megatron_rl.rewards.constraints import Multipliers
 from megatron_rl.rewards.judge import Judge
 from megatron_rl.rewards.reward_model import RewardModel
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.rollout.episodes import run_episodes
+from megatron_rl.rollout.groups import Group, Sample
 from megatron_rl.scheduler import GroupSpec
 
 if TYPE_CHECKING:

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_rl.rewards.monitor import RewardHackingMonitor
-from megatron_rl.train.runtime import Runtime
+from megatron_rl.run import Run
 
 
 def monitor_step(
-    rt: Runtime,
+    rt: Run,
     monitor: RewardHackingMonitor,
     step: int,
     groups: list[Any],
@@ -45,7 +45,7 @@ def monitor_step(
     return metrics
 
 
-def log_samples(rt: Runtime, step: int, groups: list[Any]) -> None:
+def log_samples(rt: Run, step: int, groups: list[Any]) -> None:
     """A few trajectories per log as a W&B table (and samples.jsonl)."""
     k = rt.cfg.tracking.samples_per_log
     if k <= 0 or step % max(1, rt.cfg.tracking.log_every) != 0:

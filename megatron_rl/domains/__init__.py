@@ -14,6 +14,7 @@ from megatron_rl.domains.base import (
     Domain,
     Env,
     Observation,
+    RewardWeights,
     Task,
     VerifyResult,
     extract_answer,
@@ -21,7 +22,7 @@ from megatron_rl.domains.base import (
 )
 from megatron_rl.domains.loading import load_domains
 from megatron_rl.domains.registry import PluginError, registry
-from megatron_rl.domains.reward import RewardWeights, compose_reward
+from megatron_rl.domains.reward import compose_reward
 
 __all__ = [
     "Domain",

@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from megatron_rl.domains.reward import RewardWeights
-
 Split = Literal["train", "eval"]
 Tier = Literal["core", "long_tail"]
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -89,6 +87,30 @@ class VerifyResult:
     error: str = ""  # why the verifier could not judge at all (its machinery failed, e.g. no
     # sandbox for code; ``score`` sets details["verifier_error"]): "" for a real verdict. The run
     # counts such a result as a failed verification and never rewards it (domains/guard.py)
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Per-domain weights of the reward terms (``reward.py``: :func:`~.reward.compose_reward`)."""
+
+    outcome: float = 1.0  # weight of the verifier's outcome score (in [0, 1])
+    process: dict[str, float] = field(default_factory=dict)  # weight per process score name
+    format_penalty: float = 0.0  # subtracted when no answer could be parsed
+    length_penalty: float = 0.0  # subtracted per 1,000 chars over length_budget_chars
+    length_budget_chars: int = 8000  # response length (chars) before the length penalty starts
+    hard_floor: float = -1.0  # reward when the verdict has hard_violation set
+
+    def __hash__(self) -> int:  # frozen dataclass with a dict field: hash by value
+        return hash(
+            (
+                self.outcome,
+                tuple(sorted(self.process.items())),
+                self.format_penalty,
+                self.length_penalty,
+                self.length_budget_chars,
+                self.hard_floor,
+            )
+        )
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Run a candidate program against hidden tests: the one adapter between domains and the sandbox.
 
-Code domains call :func:`run_tests` only. It uses ``megatron_rl.rewards.sandbox.run_program``
+Code domains call :func:`run_tests` only. It uses ``megatron_rl.sandbox.run_program``
 (bubblewrap isolation, verdicts the candidate cannot forge; see ``docs/sandbox.md``). We never
 silently run unsandboxed: if the sandbox cannot run (its package fails to import, bubblewrap is
 missing or cannot start: ``SandboxUnavailable``, or it fails in any other way), the result is an
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from megatron_rl.rewards.sandbox import ExecResult as SandboxResult
+    from megatron_rl.sandbox import ExecResult as SandboxResult
 
 log = logging.getLogger(__name__)
 STATUSES = ("passed", "failed", "error", "timeout", "oom", "killed")
@@ -130,7 +130,7 @@ def configure(allow_unsandboxed: bool) -> None:
 def _sandbox() -> tuple[Any, str]:
     """``run_program`` of the sandbox package, or None and why it cannot be imported."""
     try:
-        from megatron_rl.rewards.sandbox import run_program
+        from megatron_rl.sandbox import run_program
     except Exception as e:  # any import failure (a missing module, a bad build)
         return None, f"the sandbox cannot be imported: {type(e).__name__}: {e}"
     return run_program, ""

@@ -1,7 +1,8 @@
 """Reward composition: outcome score + process scores - format and length penalties.
 
-Each domain carries a :class:`RewardWeights`; :func:`compose_reward` turns a verifier verdict
-into the scalar the advantage estimator sees::
+Each domain carries a :class:`~megatron_rl.domains.base.RewardWeights` (the domain API's data
+types live in ``base.py``, so this module imports it and not the other way round);
+:func:`compose_reward` turns a verifier verdict into the scalar the advantage estimator sees::
 
     reward = outcome * score
            + sum(process[k] * process_scores[k])
@@ -15,35 +16,7 @@ no amount of formatting or process credit can buy back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from megatron_rl.domains.base import VerifyResult
-
-
-@dataclass(frozen=True)
-class RewardWeights:
-    """Per-domain weights of the reward terms."""
-
-    outcome: float = 1.0  # weight of the verifier's outcome score (in [0, 1])
-    process: dict[str, float] = field(default_factory=dict)  # weight per process score name
-    format_penalty: float = 0.0  # subtracted when no answer could be parsed
-    length_penalty: float = 0.0  # subtracted per 1,000 chars over length_budget_chars
-    length_budget_chars: int = 8000  # response length (chars) before the length penalty starts
-    hard_floor: float = -1.0  # reward when the verdict has hard_violation set
-
-    def __hash__(self) -> int:  # frozen dataclass with a dict field: hash by value
-        return hash(
-            (
-                self.outcome,
-                tuple(sorted(self.process.items())),
-                self.format_penalty,
-                self.length_penalty,
-                self.length_budget_chars,
-                self.hard_floor,
-            )
-        )
+from megatron_rl.domains.base import RewardWeights, VerifyResult
 
 
 def compose_reward(

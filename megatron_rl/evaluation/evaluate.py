@@ -27,13 +27,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_rl.controller.episodes import run_episodes
 from megatron_rl.domains import Domain, Task, VerifyResult
 from megatron_rl.domains.base import stable_int
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.evaluation.prompt_sets import PromptSet, build_prompt_set
 from megatron_rl.model.tokenizer import prompt_ids
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
+from megatron_rl.rollout.episodes import run_episodes
+from megatron_rl.rollout.groups import Group
+from megatron_rl.scheduler.types import GroupSpec
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +244,6 @@ def _responses(
     limit: int | None = None,
 ) -> list[list[str]]:
     """``samples`` responses to each task (the last model turn for multi-turn domains)."""
-    from megatron_rl.controller.groups import Group
-    from megatron_rl.scheduler import GroupSpec
-
     single = [i for i, t in enumerate(tasks) if not domains[t.domain].multi_turn]
     multi = [i for i, t in enumerate(tasks) if domains[t.domain].multi_turn]
     texts: list[list[str]] = [[] for _ in tasks]

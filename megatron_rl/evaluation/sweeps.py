@@ -25,20 +25,20 @@ from collections import Counter
 from typing import Any
 
 from megatron_rl.config import RunConfig
+from megatron_rl.config.eval import EvalConfig
 from megatron_rl.domains import Domain
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.jsonl import append_eval_failures
 from megatron_rl.durable import write_atomic
-from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.evaluation.evaluate import EvalResult, evaluate, mean_stderr, paired_difference
 from megatron_rl.evaluation.prompt_sets import Drawing, PromptSet, build_prompt_set
 from megatron_rl.rewards.monitor import RewardHackingMonitor
 from megatron_rl.rollout.base import RolloutEngine
+from megatron_rl.run import Run
 from megatron_rl.scheduler import DomainScheduler
 from megatron_rl.scheduler.curves import curves_png
 from megatron_rl.scheduler.heatmap import heatmap_png
 from megatron_rl.scheduler.radar import domain_group
-from megatron_rl.train.runtime import Runtime
 
 
 class RLEval:
@@ -99,7 +99,7 @@ def constant_baseline(prompts: PromptSet) -> dict[str, float]:
 
 
 def run_eval(
-    rt: Runtime,
+    rt: Run,
     engine: RolloutEngine,
     evals: RLEval,
     sched: DomainScheduler,
@@ -198,7 +198,7 @@ def domain_rows(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict
 
 
 def summarize(
-    rt: Runtime,
+    rt: Run,
     before: dict[str, Any],
     after: dict[str, Any],
     wall_s: float,

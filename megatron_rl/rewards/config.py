@@ -13,7 +13,8 @@ class RewardsConfig:
     """Run-wide reward settings: the sandbox and the reward-hacking monitor.
 
     How a verdict becomes a reward (outcome, process, format and length terms) is set per
-    domain by its ``RewardWeights`` (``megatron_rl/domains/reward.py``).
+    domain by its ``RewardWeights`` (``megatron_rl/domains/base.py``, composed by
+    ``megatron_rl/domains/reward.py``).
     """
 
     truncated_reward: float | None = None  # reward for truncated responses (None: score as is)

@@ -3,6 +3,9 @@
 ``base`` holds the interface and registry (``build_engine``); engines live in ``hf_engine``
 (transformers reference), ``vllm_engine`` (embedded vLLM) and ``sglang_client`` (remote SGLang).
 Engine modules are imported on first ``build_engine`` call, so importing this package is cheap.
+On top of the engines: ``episodes`` runs multi-turn episodes (the model acts, a domain's
+environment answers) and fills the :class:`~.groups.Group` and :class:`~.groups.Sample` of
+``groups``, for the controller and evaluation alike.
 """
 
 from typing import Any

@@ -31,25 +31,46 @@ import asyncio
 import datetime
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from megatron_rl.rollout import sglang_schema, weight_group
-from megatron_rl.rollout.base import load_hf_dir
+from megatron_rl.rollout.base import RolloutEngine, load_hf_dir
+from megatron_rl.rollout.server_guard import TrainerCheck
+from megatron_rl.rollout.server_lock import RWLock
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from megatron_rl.rollout.server import EmbeddedServer
-
 log = logging.getLogger(__name__)
 
 
-class WeightReceiver:
-    """The server's end of the weight-update group(s); one per :class:`EmbeddedServer`."""
+class WeightServer(Protocol):
+    """What a :class:`WeightReceiver` uses of its server (:class:`.server.EmbeddedServer`, which
+    builds the receiver and so is not imported here)."""
 
-    def __init__(self, server: EmbeddedServer, bucket_timeout_s: float = 60.0) -> None:
+    engine: RolloutEngine  # updated in place, on the engine's thread
+    model_path: str  # the weights the engine started from
+    lock: RWLock  # SGLang's model_update_lock: a bucket's POST holds it as the writer
+    trainer: TrainerCheck  # who may lead a weight-update group
+    weight_version: str  # set by an update that names one
+    stats: dict[str, int]  # the server's counters (weight_updates)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The engine's one thread."""
+        ...
+
+    def abort(self, rid: str | None) -> None:
+        """Answer the requests in flight as aborted (all of them when ``rid`` is None)."""
+        ...
+
+
+class WeightReceiver:
+    """The server's end of the weight-update group(s); one per :class:`.server.EmbeddedServer`."""
+
+    def __init__(self, server: WeightServer, bucket_timeout_s: float = 60.0) -> None:
         self.server = server
         self.timeout = datetime.timedelta(seconds=bucket_timeout_s)  # per bucket and per join
         self.groups: dict[str, Any] = {}  # group name -> process group

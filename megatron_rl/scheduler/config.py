@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from megatron_rl.scheduler.policies import POLICIES
+
 TIERS = ("core", "long_tail")
 TEMPERATURE_ADAPT = ("none", "entropy", "diversity")
 
@@ -88,8 +90,6 @@ class SchedulerConfig:
     lag_boost: float = 0.0  # score x exp(lag_boost * (median eval - eval)) below the median; 0 off
 
     def validate(self) -> None:
-        from megatron_rl.scheduler.policies import POLICIES
-
         if self.policy not in POLICIES:
             raise ValueError(
                 f"scheduler.policy={self.policy!r} is not registered; choose one of "

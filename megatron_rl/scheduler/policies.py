@@ -46,21 +46,36 @@ Policies (one registry, :data:`POLICIES`):
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from megatron_rl.scheduler.stats import DomainStats
 from megatron_rl.scheduler.types import DomainInfo
 
-if TYPE_CHECKING:
-    from megatron_rl.scheduler.config import SchedulerConfig
+
+class MixSettings(Protocol):
+    """The knobs of the mix policies, as :class:`~megatron_rl.scheduler.config.SchedulerConfig`
+    holds them. Named here, not imported: the config checks ``policy`` against
+    :data:`POLICIES`, so it imports this module."""
+
+    policy: str
+    weights: dict[str, float]
+    tier_weights: dict[str, float]
+    lp_explore: float
+    target_low: float
+    target_high: float
+    target_min_score: float
+    confidence_z: float
+    learn_ucb: float
+    learn_room: bool
+    learn_power: float
 
 
 class MixPolicy:
     """Base class: ``scores(stats)`` returns non-negative scores of shape [n_domains]."""
 
-    def __init__(self, cfg: SchedulerConfig, domains: list[DomainInfo]):
+    def __init__(self, cfg: MixSettings, domains: list[DomainInfo]):
         self.cfg, self.domains = cfg, domains
 
     def scores(self, stats: DomainStats) -> np.ndarray:
@@ -73,7 +88,7 @@ class UniformPolicy(MixPolicy):
 
 
 class StaticPolicy(MixPolicy):
-    def __init__(self, cfg: SchedulerConfig, domains: list[DomainInfo]):
+    def __init__(self, cfg: MixSettings, domains: list[DomainInfo]):
         super().__init__(cfg, domains)
         self.base = static_shares(cfg, domains)
 
@@ -129,7 +144,7 @@ POLICIES: dict[str, type[MixPolicy]] = {
 }
 
 
-def make_policy(cfg: SchedulerConfig, domains: list[DomainInfo]) -> MixPolicy:
+def make_policy(cfg: MixSettings, domains: list[DomainInfo]) -> MixPolicy:
     if cfg.policy not in POLICIES:
         raise ValueError(
             f"unknown scheduler policy {cfg.policy!r}; choose one of {sorted(POLICIES)}"
@@ -137,7 +152,7 @@ def make_policy(cfg: SchedulerConfig, domains: list[DomainInfo]) -> MixPolicy:
     return POLICIES[cfg.policy](cfg, domains)
 
 
-def static_shares(cfg: SchedulerConfig, domains: list[DomainInfo]) -> np.ndarray:
+def static_shares(cfg: MixSettings, domains: list[DomainInfo]) -> np.ndarray:
     """Shares [n_domains] from ``weights`` (globs) or ``tier_weights``; uniform if neither."""
     n = len(domains)
     shares = np.zeros(n)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING
+from typing import Any
 
 from megatron_rl.text_checks import bad_char, check_line
-
-if TYPE_CHECKING:
-    from megatron_rl.slurm.config import SlurmConfig
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; 0, UNLIMITED or INFINITE for no limit
@@ -37,8 +34,9 @@ SBATCH_SAFE = re.compile(r"[\w@%+=:,./-]+", re.ASCII)  # written on an #SBATCH l
 SHELL_LINES = ("setup", "train_command")  # run verbatim by bash: a tab is allowed
 
 
-def check_strings(s: SlurmConfig) -> None:
-    """Every string setting of ``s``: one line, and in the format sbatch documents where it goes
+def check_strings(s: Any) -> None:
+    """Every string setting of ``s`` (a ``SlurmConfig``, unnamed here: config.py imports this
+    module): one line, and in the format sbatch documents where it goes
     on an ``#SBATCH`` line; ValueError naming ``slurm.<key>``, the value and what is allowed."""
     for f in dataclasses.fields(s):
         value = getattr(s, f.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from megatron_rl.train.config import TrainConfig
+from megatron_rl.config.train import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

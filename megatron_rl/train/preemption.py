@@ -6,7 +6,7 @@ import logging
 import signal
 from typing import Any
 
-from megatron_rl.train.config import CheckpointConfig
+from megatron_rl.config.train import CheckpointConfig
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from megatron_rl.controller.controller import Controller
 from megatron_rl.evaluation.sweeps import eval_due
 from megatron_rl.model.tokenizer import load_tokenizer
 from megatron_rl.rollout import weight_group
+from megatron_rl.tracking.timer import Timer
 from megatron_rl.train.data_plane import (
     agree_any,
     check_lockstep,
@@ -38,7 +39,6 @@ from megatron_rl.train.preflight import preflight
 from megatron_rl.train.reference import build_reference, reference_logprobs
 from megatron_rl.train.runtime import export_hf, save_checkpoint, setup_run
 from megatron_rl.train.step import train_step
-from megatron_rl.train.timer import Timer
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,10 @@ import torch
 from megatron_rl.config import RunConfig, save_config, to_dict
 from megatron_rl.model import hf_io
 from megatron_rl.model.config import ModelConfig
-from megatron_rl.model.parallel import DistInfo, init_distributed
+from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
 from megatron_rl.model.tokenizer import load_tokenizer
+from megatron_rl.run import Run
 from megatron_rl.tracking.tracker import Tracker
 from megatron_rl.train.checkpoint import CheckpointManager, rng_state, set_rng_state
 from megatron_rl.train.preflight import preflight
@@ -37,23 +38,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Runtime:
-    cfg: RunConfig
-    dist: DistInfo
-    tokenizer: Any
+class Runtime(Run):
+    """The run (what the controller and evaluation see) plus the trainer's policy and its
+    checkpoints."""
+
     policy: Policy
     ckpt: CheckpointManager
-    tracker: Tracker
-    start_step: int  # first optimizer step to run (0 on a fresh run)
-    resumed_state: dict[str, Any]  # trainer state saved by the loop ({} on a fresh run)
-
-    @property
-    def run_dir(self) -> Path:
-        return self.cfg.run_dir
-
-    @property
-    def is_main(self) -> bool:
-        return self.dist.rank == 0
 
 
 def setup_run(
@@ -96,7 +86,16 @@ def setup_run(
     )
     if dist.rank == 0:
         save_config(cfg, run_dir / "config.yaml")
-    return Runtime(cfg, dist, tokenizer, policy, ckpt, tracker, start_step, state)
+    return Runtime(
+        cfg=cfg,
+        dist=dist,
+        tokenizer=tokenizer,
+        tracker=tracker,
+        start_step=start_step,
+        resumed_state=state,
+        policy=policy,
+        ckpt=ckpt,
+    )
 
 
 def _clear_run(run_dir: Path) -> None:

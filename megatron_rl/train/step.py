@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megatron_rl.model.moe import ROUTES_KEY, pop_aux_losses
-from megatron_rl.packing.batch import PackedBatch, to_padded
-from megatron_rl.train.data_plane import dp_reduce
-from megatron_rl.train.losses import (
+from megatron_rl.losses import (
     drgrpo_constant,
     global_normalizer,
     logp_mismatch,
     rl_loss,
 )
+from megatron_rl.model.moe import ROUTES_KEY, pop_aux_losses
+from megatron_rl.packing.batch import PackedBatch, to_padded
+from megatron_rl.train.data_plane import dp_reduce
 from megatron_rl.train.optim import lr_at
 
 if TYPE_CHECKING:
     from megatron_rl.config import RunConfig
+    from megatron_rl.config.train import RLConfig
     from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import RLConfig
 
 
 def train_step(

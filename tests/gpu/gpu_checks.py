@@ -172,12 +172,12 @@ def weight_update_check(ctx: Ctx) -> dict[str, Any]:
 def megatron_policy_check(ctx: Ctx) -> dict[str, Any]:
     import torch
 
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model import hf_io
     from megatron_rl.model.config import ParallelConfig
     from megatron_rl.model.parallel import init_distributed
     from megatron_rl.model.policy import Policy
     from megatron_rl.packing.batch import pack
-    from megatron_rl.train.config import TrainConfig
 
     _, cfg = hf_io.load_hf_config(str(ctx.model))
     dist = init_distributed(ParallelConfig(), 0)
@@ -267,10 +267,10 @@ def moe_te_check(ctx: Ctx) -> dict[str, Any]:
     import torch
 
     from benchmarks.tiny_model import make_tiny_qwen3
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model import hf_io
     from megatron_rl.model.moe import ROUTES_KEY, routes_extra
     from megatron_rl.packing.batch import pack
-    from megatron_rl.train.config import TrainConfig
 
     model = make_tiny_qwen3(ctx.tmp / "moe", "test", seed=0, moe=True)
     rng = random.Random(1)

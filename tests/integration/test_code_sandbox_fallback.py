@@ -23,7 +23,7 @@ from megatron_rl.domains.config import DomainsConfig
 from megatron_rl.domains.guard import DomainGuard
 from megatron_rl.domains.workers import DomainWorkers
 from megatron_rl.model.tokenizer import load_tokenizer
-from megatron_rl.rewards.sandbox import SandboxUnavailable, isolation
+from megatron_rl.sandbox import SandboxUnavailable, isolation
 from megatron_rl.train.preflight import check_model
 
 PROGRAM = "def f(x):\n    return x + 1\n"
@@ -41,7 +41,7 @@ def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def unimportable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "megatron_rl.rewards.sandbox", None)
+    monkeypatch.setitem(sys.modules, "megatron_rl.sandbox", None)
 
 
 @pytest.fixture

@@ -277,9 +277,9 @@ def test_eval_honours_rollout_stop(hf_engine: Any) -> None:
 
 
 def test_episodes_cut_by_the_turn_cap_are_truncated(hf_engine: Any) -> None:
-    from megatron_rl.controller.episodes import MAX_EPISODE_TURNS
     from megatron_rl.controller.generate import generate, score
-    from megatron_rl.controller.groups import Group
+    from megatron_rl.rollout.episodes import MAX_EPISODE_TURNS
+    from megatron_rl.rollout.groups import Group
     from megatron_rl.scheduler import GroupSpec
 
     engine, tok = hf_engine

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from launch.cli import main as cli_main
-from megatron_rl.rewards.sandbox import Limits, SandboxPool, run_program
-from megatron_rl.rewards.sandbox.inside import wire
+from megatron_rl.sandbox import Limits, SandboxPool, run_program
+from megatron_rl.sandbox.inside import wire
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = (
@@ -120,7 +120,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
 RUN_IN_FRESH_PROCESS = """
 import json, sys
-from megatron_rl.rewards.sandbox import SandboxUnavailable, run_program
+from megatron_rl.sandbox import SandboxUnavailable, run_program
 try:
     res = run_program("print('ran')", allow_unsandboxed=sys.argv[1] == "yes")
     print(json.dumps(res.to_dict()))
@@ -200,7 +200,7 @@ def test_humaneval_gold_passes_through_the_boundary_all():
 
 FORK_AFTER_USE = """
 import os
-from megatron_rl.rewards.sandbox import run_program
+from megatron_rl.sandbox import run_program
 print("parent", run_program("print(1)").status, flush=True)
 pid = os.fork()
 if pid == 0:

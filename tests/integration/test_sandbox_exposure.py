@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sandbox_markers import HostMarker
 
-from megatron_rl.rewards.sandbox import Limits, isolation, run_program
+from megatron_rl.sandbox import Limits, isolation, run_program
 
 HOSTILE_DIR = Path(__file__).parent / "sandbox_hostile"
 # one program per row of the review that could leak (docs/sandbox.md, "Exposure review")

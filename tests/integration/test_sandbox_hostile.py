@@ -29,7 +29,7 @@ import psutil
 import pytest
 from sandbox_markers import HostMarker
 
-from megatron_rl.rewards.sandbox import Limits, isolation, run_program
+from megatron_rl.sandbox import Limits, isolation, run_program
 
 HOSTILE_DIR = Path(__file__).parent / "sandbox_hostile"
 PROGRAMS = sorted(p.name for p in HOSTILE_DIR.glob("*.py"))

@@ -21,7 +21,7 @@ import pytest
 
 from launch import cli
 from launch.commands import info
-from megatron_rl.rewards.sandbox import Limits, memory, run_program
+from megatron_rl.sandbox import Limits, memory, run_program
 
 # three processes of 80 MiB each: every one is under the per-process limit, together they are not
 FORK_PROGRAM = """

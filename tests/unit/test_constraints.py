@@ -8,8 +8,8 @@ import pytest
 
 from megatron_rl.config import load_config
 from megatron_rl.domains import load_domains
-from megatron_rl.domains.base import VerifyResult
-from megatron_rl.domains.reward import RewardWeights, compose_reward
+from megatron_rl.domains.base import RewardWeights, VerifyResult
+from megatron_rl.domains.reward import compose_reward
 from megatron_rl.rewards.constraints import Multipliers, count_violations
 
 

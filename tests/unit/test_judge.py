@@ -12,11 +12,11 @@ import pytest
 
 from megatron_rl.config import load_config
 from megatron_rl.controller.generate import add_verdicts
-from megatron_rl.controller.groups import Group, Sample
 from megatron_rl.domains.base import Task
 from megatron_rl.model.tokenizer import load_tokenizer
 from megatron_rl.rewards.judge import Judge, JudgeConfig, parse_verdict
 from megatron_rl.rollout.base import Completion
+from megatron_rl.rollout.groups import Group, Sample
 from megatron_rl.scheduler import GroupSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from typing import Any, cast
 import pytest
 import torch
 
-from megatron_rl.train.config import RLConfig
-from megatron_rl.train.losses import (
+from megatron_rl.config.train import RLConfig
+from megatron_rl.losses import (
     LossAgg,
     aggregate,
     entropy_from_logits,

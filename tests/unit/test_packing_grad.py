@@ -127,7 +127,7 @@ def test_packed_unpacked_padded_grads_agree_megatron_gpt(dist1) -> None:
 
 def test_packed_unpacked_grads_agree_through_policy(dist1) -> None:
     policy_mod = pytest.importorskip("megatron_rl.model.policy", reason="Policy not landed yet")
-    from megatron_rl.train.config import TrainConfig
+    from megatron_rl.config.train import TrainConfig
 
     policy = policy_mod.Policy(CFG, dist1, TrainConfig(grad_clip=0.0))
     seqs, masks, advs = make_data()

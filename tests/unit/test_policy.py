@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import tiny_model_config
 
+from megatron_rl.config.train import TrainConfig
 from megatron_rl.model.policy import Policy
 from megatron_rl.packing.batch import PackedBatch, pack
-from megatron_rl.train.config import TrainConfig
 
 # init_std 0.1 (not 0.02) so logits are O(1): RoPE offsets and rounding would show up.
 CFG = tiny_model_config(init_std=0.1)

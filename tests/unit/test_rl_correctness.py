@@ -16,19 +16,19 @@ import torch
 from conftest import tiny_model_config
 
 from megatron_rl.config import load_config
-from megatron_rl.model.config import OptimizerConfig
-from megatron_rl.model.gpt import vocab_parallel_logprobs
-from megatron_rl.model.policy import Policy
-from megatron_rl.packing.batch import PackedBatch, pack
-from megatron_rl.scheduler import DomainInfo, DomainScheduler
-from megatron_rl.scheduler.config import SchedulerConfig
-from megatron_rl.train.losses import (
+from megatron_rl.losses import (
     K3_CLAMP,
     drgrpo_constant,
     kl_estimate,
     rl_loss,
     step_normalizer,
 )
+from megatron_rl.model.config import OptimizerConfig
+from megatron_rl.model.gpt import vocab_parallel_logprobs
+from megatron_rl.model.policy import Policy
+from megatron_rl.packing.batch import PackedBatch, pack
+from megatron_rl.scheduler import DomainInfo, DomainScheduler
+from megatron_rl.scheduler.config import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = tiny_model_config(init_std=0.1)  # logits O(1), so a temperature error is visible
@@ -233,7 +233,7 @@ def test_drgrpo_normaliser_is_a_configured_constant() -> None:
 
 
 def test_passthrough_keeps_groups_with_equal_nonzero_rewards() -> None:
-    from megatron_rl.controller.groups import Group, Sample
+    from megatron_rl.rollout.groups import Group, Sample
     from megatron_rl.scheduler import GroupSpec
 
     cfg = SchedulerConfig(filter_zero_variance=True, oversample=2.0)

@@ -21,13 +21,13 @@ from transformers import AutoModelForCausalLM
 
 from benchmarks.studies.routing_replay import bf16_router, measure, pack_rollout
 from megatron_rl.controller.batches import sample_routes
-from megatron_rl.controller.groups import Sample
 from megatron_rl.controller.shares import zero_batch
 from megatron_rl.model import hf_io
 from megatron_rl.model.moe import ROUTES_KEY
 from megatron_rl.packing.batch import pack
 from megatron_rl.rollout.base import EngineStartError, GenRequest, SamplingParams
 from megatron_rl.rollout.config import RolloutConfig
+from megatron_rl.rollout.groups import Sample
 from megatron_rl.rollout.hf_engine import HFEngine
 
 TINY_MOE = Path(__file__).resolve().parents[2] / "models" / "tiny-moe"

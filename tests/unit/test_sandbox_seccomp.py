@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.rewards.sandbox import isolation, seccomp
-from megatron_rl.rewards.sandbox.result import SandboxUnavailable
+from megatron_rl.sandbox import isolation, seccomp
+from megatron_rl.sandbox.result import SandboxUnavailable
 
 ALLOW, KILL = 0x7FFF0000, 0x80000000
 EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS

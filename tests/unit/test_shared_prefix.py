@@ -45,8 +45,8 @@ CFG = tiny_model_config(max_position_embeddings=256)
 
 @pytest.fixture(scope="module")
 def policy(dist1: Any) -> Any:
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import TrainConfig
 
     torch.manual_seed(0)
     return Policy(CFG, dist1, TrainConfig(lr=1e-3, grad_clip=0.0))
@@ -140,7 +140,7 @@ def test_grads_equal_plain_packing_per_token_temperature(policy: Any) -> None:
 
 def rl_groups(seed: int = 2) -> list[Any]:
     """Scored GRPO groups of 4 as the rollout phase returns them (prompts of 2-14 tokens)."""
-    from megatron_rl.controller.groups import Group, Sample
+    from megatron_rl.rollout.groups import Group, Sample
     from megatron_rl.scheduler import GroupSpec
 
     d = make_groups(CFG.vocab_size, seed=seed, sizes=[4, 4, 4, 4])
@@ -165,7 +165,7 @@ def test_rl_step_weights_equal_plain_packing(policy: Any) -> None:
     from the same weights: the weights after it agree within 1e-5, packed either way."""
     from megatron_rl.config import load_config
     from megatron_rl.controller.batches import build_batches
-    from megatron_rl.train.losses import global_normalizer
+    from megatron_rl.losses import global_normalizer
     from megatron_rl.train.step import train_step
 
     cfg = load_config(None, ["rl.kl_coef=0.1", "rl.kl_estimator=k3", "rl.entropy_coef=0.01",

@@ -255,8 +255,8 @@ def step(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def policy(dist1: Any, step: dict[str, Any]) -> Iterator[Any]:
+    from megatron_rl.config.train import TrainConfig
     from megatron_rl.model.policy import Policy
-    from megatron_rl.train.config import TrainConfig
 
     pol = Policy(step["model_cfg"], dist1, TrainConfig(lr=1e-3, grad_clip=0.0))
     pol.load_hf_state_dict(step["hf_sd"])
@@ -269,7 +269,7 @@ def policy(dist1: Any, step: dict[str, Any]) -> Iterator[Any]:
 
 def _groups(step: dict[str, Any]) -> list[Any]:
     """TRL's generation as megatron-rl's scored groups (the rollout phase's output)."""
-    from megatron_rl.controller.groups import Group, Sample
+    from megatron_rl.rollout.groups import Group, Sample
     from megatron_rl.scheduler import GroupSpec
 
     prompt_ids, completion_ids, _, completions = step["gen"][:4]
@@ -336,8 +336,8 @@ def _second_pass(
     starts from ratio 1 (one optimizer step per batch: pi_old is its own forward pass,
     detached), so the second pass calls ``rl_loss`` through ``Policy.forward_backward`` with
     ``train_step``'s arguments but the stored pi_old."""
+    from megatron_rl.losses import rl_loss
     from megatron_rl.packing.batch import to_padded
-    from megatron_rl.train.losses import rl_loss
 
     def loss_fn(b: Any, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, dict]:
         pad = lambda x: to_padded(x, b.cu_seqlens)
@@ -373,7 +373,7 @@ def _sample_advantages(batches: list[Any], n: int) -> torch.Tensor:
 
 def ours(policy: Any, step: dict[str, Any], v: Variant) -> dict[str, Any]:
     from megatron_rl.controller.batches import build_batches
-    from megatron_rl.train.losses import drgrpo_constant, global_normalizer
+    from megatron_rl.losses import drgrpo_constant, global_normalizer
 
     cfg = _cfg(v.ours, lr=LR_FIRST_STEP if v.second_pass else 1e-3)
     groups, kept = _groups(step), list(range(len(TASKS)))
@@ -523,7 +523,7 @@ def test_normaliser_matches_trl(policy: Any, step: dict[str, Any], agg: str) -> 
     sample makes every token's term 1 at ratio 1, so TRL's loss is (the sum of unit terms our
     aggregation divides) / its normaliser."""
     from megatron_rl.controller.batches import build_batches
-    from megatron_rl.train.losses import drgrpo_constant, global_normalizer
+    from megatron_rl.losses import drgrpo_constant, global_normalizer
 
     cfg = _cfg({"loss_agg": agg})
     shares, _ = build_batches(_groups(step), list(range(len(TASKS))), "grpo", BUDGET,

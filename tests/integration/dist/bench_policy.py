@@ -28,7 +28,7 @@ from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.gpt import block_causal_mask
 from megatron_rl.model.parallel import destroy_distributed, init_distributed
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.config import TrainConfig
+from megatron_rl.config.train import TrainConfig
 
 
 def timed_pair(a: Callable[[], object], b: Callable[[], object], iters: int) -> list[float]:

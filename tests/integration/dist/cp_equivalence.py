@@ -33,7 +33,7 @@ from megatron_rl.model import policy as policy_module
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.losses import global_normalizer
+from megatron_rl.losses import global_normalizer
 from megatron_rl.train.step import train_step
 
 CFG = ModelConfig(

@@ -30,8 +30,8 @@ from megatron_rl.model.config import ModelConfig, MoEConfig, ParallelConfig
 from megatron_rl.model.moe import ROUTES_KEY, routes_extra
 from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.config import RLConfig, TrainConfig
-from megatron_rl.train.losses import global_normalizer
+from megatron_rl.config.train import RLConfig, TrainConfig
+from megatron_rl.losses import global_normalizer
 from megatron_rl.train.step import train_step
 
 CFG = ModelConfig(

@@ -30,7 +30,7 @@ from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.model.export import hf_buckets
 from megatron_rl.model.parallel import init_distributed
 from megatron_rl.model.policy import Policy
-from megatron_rl.train.config import TrainConfig
+from megatron_rl.config.train import TrainConfig
 
 CFG = ModelConfig(
     num_layers=2,

@@ -1,5 +1,9 @@
 """GRPO-family policy losses: clipped policy gradient, KL to a reference, entropy bonus, TIS.
 
+Both halves of a step use this module: the trainer ranks (``train/step.py``) and the controller
+on rank 0, which computes the step normaliser over every DP share and the KL reward penalty
+(``controller/``); so it sits below both, not in ``train/``.
+
 Notation (all per sampled response token, shapes [B, T]: B sequences, T padded length):
 ``logp`` log-prob of the token under the policy being trained (has grad); ``old_logp`` the same
 under the policy that the step started from, computed by the trainer (``pi_old``, no grad);
@@ -61,8 +65,8 @@ from typing import get_args
 import torch
 from torch import Tensor
 
+from megatron_rl.config.train import KLEstimator, LossAgg, RLConfig
 from megatron_rl.packing.batch import PackedBatch, to_padded
-from megatron_rl.train.config import KLEstimator, LossAgg, RLConfig
 
 LOSS_AGGS = list(get_args(LossAgg))
 K3_CLAMP = 10.0  # upper bound of the per-token k3 estimate (nats), as verl's low_var_kl

@@ -1,4 +1,6 @@
-"""Optimizer, SFT, RL-loss and checkpoint settings."""
+"""Optimizer, SFT, RL-loss and checkpoint settings: the ``train``, ``sft``, ``rl`` and
+``checkpoint`` sections, read by the loop (``train/``), the controller and the losses
+(``megatron_rl/losses.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from typing import Literal
 
 from megatron_rl.model.config import OptimizerConfig
 
-# How the token terms of a step add up to its loss (rl.loss_agg; train/losses.py has the formulas).
+# How the token terms of a step add up to its loss (rl.loss_agg; megatron_rl/losses.py has the
+# formulas).
 LossAgg = Literal[
     "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
 ]
@@ -67,8 +70,8 @@ class RLConfig:
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.28  # ratio upper clip: 1 + clip_high (clip-higher)
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None: off)
-    loss_agg: LossAgg = "token_mean"  # token aggregation (train/losses.py); seq_mean_token_sum_norm
-    # divides by Dr.GRPO's constant normaliser
+    loss_agg: LossAgg = "token_mean"  # token aggregation (megatron_rl/losses.py);
+    # seq_mean_token_sum_norm divides by Dr.GRPO's constant normaliser
     max_response_tokens: int = 0  # Dr.GRPO constant, tokens per sequence (0: max_new_tokens)
     kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
     kl_estimator: KLEstimator = "k3"  # KL estimator (k1 only as a reward penalty)

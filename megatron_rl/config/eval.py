@@ -1,4 +1,5 @@
-"""The ``eval`` section: held-out sweeps, the training-prompt sample and the level sweeps.
+"""The ``eval`` section: held-out sweeps, the training-prompt sample and the level sweeps
+(``megatron_rl/evaluation/``, which reads the whole run config and so does not hold it).
 
 These were the ``rl.eval_*`` keys until issue 36 (``rl.eval_every`` is ``eval.every`` now); the
 root config (:data:`megatron_rl.config.RENAMED`) still loads the old keys, with one warning each.

@@ -7,20 +7,19 @@ turns (template + observation tokens, ``response_mask`` 0, so the trainer masks 
 loss). The verifier sees the last model turn (see ``domains/tool_use.py`` for the format).
 An episode ends ``stop`` when the environment says done, ``length`` (truncated, so
 ``rewards.truncated_reward`` applies) when a model turn hits ``max_tokens`` or the episode hits
-``MAX_EPISODE_TURNS`` without the environment finishing. Evaluation runs the same episodes,
-greedily (``evaluate.py``).
+``MAX_EPISODE_TURNS`` without the environment finishing. The controller runs them in training
+(``controller/generate.py``) and evaluation runs the same episodes, greedily
+(``evaluation/evaluate.py``), so they live here, below both.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from megatron_rl.domains import Domain
 from megatron_rl.model.tokenizer import prompt_ids, render_chat
 from megatron_rl.rollout.base import GenRequest, RolloutEngine, SamplingParams
-
-if TYPE_CHECKING:
-    from megatron_rl.controller.groups import Group
+from megatron_rl.rollout.groups import Group, Sample
 
 MAX_EPISODE_TURNS = 8  # hard cap on model turns; an episode cut off by it is truncated
 
@@ -78,8 +77,6 @@ def run_episodes(
     """Run ``n`` episodes per group and fill ``group.samples`` (in place). ``limit``: the
     longest transcript (tokens) a model turn may start from (the context minus ``max_tokens``);
     an episode that outgrows it ends truncated (``length``) instead of reaching the engine."""
-    from megatron_rl.controller.groups import Sample
-
     episodes = {
         id(g): [_Episode(domains[g.spec.domain], g, tokenizer) for _ in range(n)] for g in groups
     }

@@ -32,13 +32,26 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from megatron_rl.rewards.config import RewardsConfig
-from megatron_rl.rewards.sandbox import isolation, memory
-from megatron_rl.rewards.sandbox.result import ExecResult
-from megatron_rl.rewards.sandbox.verdict import Collected, classify
+from megatron_rl.sandbox import isolation, memory
+from megatron_rl.sandbox.result import ExecResult
+from megatron_rl.sandbox.verdict import Collected, classify
 
 log = logging.getLogger(__name__)
+
+
+class SandboxSettings(Protocol):
+    """The ``rewards.sandbox_*`` settings a pool and its limits are made from
+    (:class:`~megatron_rl.rewards.config.RewardsConfig` holds them). The sandbox imports nothing
+    of the library above it: the domain API runs code in it (``domains/code_exec.py``)."""
+
+    sandbox_timeout_s: float
+    sandbox_memory_mb: int
+    sandbox_max_procs: int
+    sandbox_max_output_kb: int
+    sandbox_workers: int
+    allow_unsandboxed: bool
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,7 @@ class Limits:
     max_output_bytes: int = 1 << 20  # stdout + stderr beyond this kills the execution
 
     @classmethod
-    def from_config(cls, cfg: RewardsConfig) -> Limits:
+    def from_config(cls, cfg: SandboxSettings) -> Limits:
         """Limits from the ``rewards.sandbox_*`` config fields."""
         return cls(
             timeout_s=cfg.sandbox_timeout_s,

@@ -1,7 +1,12 @@
 """One root config for a run: typed dataclasses, loaded from YAML plus dotted overrides.
 
-Every component owns its dataclass in its own package (``megatron_rl/<part>/config.py``); this
-module nests them into :class:`RunConfig` and provides the single loading/validation pass:
+Every component owns its dataclass in its own package (``megatron_rl/<part>/config.py``). The
+loop's own sections sit beside this module instead (``train.py``: ``train``, ``sft``, ``rl`` and
+``checkpoint``; ``eval.py``: ``eval``): the folders that run the loop (``train/``,
+``evaluation/``, ``controller/``) take the whole :class:`RunConfig`, so a section of theirs in
+their own folder would be imported by the config that imports them (docs/layout.md has the
+order). This module nests the sections into :class:`RunConfig` and provides the single
+loading/validation pass:
 
     cfg = load_config("configs/demo_cpu.yaml", ["train.lr=1e-5", "parallel.tp=2"])
 
@@ -24,10 +29,11 @@ from typing import Any
 
 import yaml
 
+from megatron_rl.config.eval import EvalConfig
+from megatron_rl.config.train import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
 from megatron_rl.dataclass_io import from_dict, to_dict
 from megatron_rl.domains.config import DomainsConfig
 from megatron_rl.durable import write_atomic
-from megatron_rl.evaluation.config import EvalConfig
 from megatron_rl.model.config import ModelConfig, ParallelConfig
 from megatron_rl.rewards.config import RewardsConfig
 from megatron_rl.rollout.config import RolloutConfig
@@ -35,7 +41,6 @@ from megatron_rl.scheduler.config import SchedulerConfig
 from megatron_rl.slurm.config import SlurmConfig
 from megatron_rl.text_checks import check_line, check_path_component
 from megatron_rl.tracking.config import TrackingConfig
-from megatron_rl.train.config import CheckpointConfig, RLConfig, SFTConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 

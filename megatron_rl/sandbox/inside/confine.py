@@ -6,7 +6,7 @@ Runs under the system interpreter (stdlib only). Three things:
   so nothing bwrap or the host happened to pass along (the options pipe, a stray fd) is left.
 * ``leave_session_keyring``: the process takes a new, empty session keyring, so no key of the
   host can be reached through it. Inside the sandbox this fails with EPERM, and that is fine:
-  the seccomp filter (megatron_rl/rewards/sandbox/seccomp.py) denies every keyring call
+  the seccomp filter (megatron_rl/sandbox/seccomp.py) denies every keyring call
   (``keyctl``, ``add_key``, ``request_key``) to the program too, and the host already forks
   bwrap from a thread holding a fresh, empty session keyring. It does its work in the
   unsandboxed fallback, which has no filter.

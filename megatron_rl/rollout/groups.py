@@ -2,8 +2,9 @@
 
 A *group* is one task sent n times to the engine (GRPO). Each completion becomes a
 :class:`Sample` carrying its domain tag from the task through the reward to the metrics. This
-module imports none of the modules that build or read them (generation, episodes, evaluation,
-batches), so each of those can import it.
+module imports none of the modules that build or read them (the episodes beside it, the
+controller's generation and batches, evaluation), so each of those can import it; it sits in
+``rollout/``, below both evaluation and the controller, which fill groups alike.
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
-from megatron_rl.rewards.config import RewardsConfig
-from megatron_rl.rewards.sandbox.result import ExecResult
-from megatron_rl.rewards.sandbox.runner import Limits, run_program
+from megatron_rl.sandbox.result import ExecResult
+from megatron_rl.sandbox.runner import Limits, SandboxSettings, run_program
 
 
 class SandboxPool:
@@ -41,7 +40,7 @@ class SandboxPool:
         self._closed = False
 
     @classmethod
-    def from_config(cls, cfg: RewardsConfig) -> SandboxPool:
+    def from_config(cls, cfg: SandboxSettings) -> SandboxPool:
         """A pool sized and limited by the ``rewards.sandbox_*`` config fields."""
         return cls(
             max_workers=cfg.sandbox_workers or None,

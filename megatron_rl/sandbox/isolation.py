@@ -40,9 +40,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from megatron_rl.rewards.sandbox import memory, seccomp
-from megatron_rl.rewards.sandbox.memory import SandboxCgroup
-from megatron_rl.rewards.sandbox.result import SandboxUnavailable
+from megatron_rl.sandbox import memory, seccomp
+from megatron_rl.sandbox.memory import SandboxCgroup
+from megatron_rl.sandbox.result import SandboxUnavailable
 
 log = logging.getLogger(__name__)
 

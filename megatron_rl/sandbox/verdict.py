@@ -13,7 +13,7 @@ import json
 import signal
 from dataclasses import dataclass, field
 
-from megatron_rl.rewards.sandbox.result import ExecResult
+from megatron_rl.sandbox.result import ExecResult
 
 TEXT_LIMIT = 10_000  # characters of stdout/stderr kept in the result
 COMPILE_ERROR_EXIT = 3  # child.py's exit status for a program that does not compile

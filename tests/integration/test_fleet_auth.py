@@ -122,7 +122,7 @@ def test_with_the_key_the_fleet_serves(fleet: Any) -> None:
     for url in _urls(manifest, "server") + _urls(manifest, "router"):
         status, text = http("POST", url + "/generate", GEN, timeout=60, key=key)
         assert status == 200, (url, text[:300])
-        assert len(json.loads(text)["output_ids"]) == 2
+        assert 1 <= len(json.loads(text)["output_ids"]) <= 2  # max_new_tokens 2 (EOS may stop it)
     assert http("GET", _urls(manifest, "server")[0] + "/health", key="")[0] == 200  # liveness
     router = _urls(manifest, "router")[0]
     workers = json.loads(http("GET", router + "/workers", key=key)[1])["workers"]
@@ -168,7 +168,8 @@ def test_the_trainers_client_finds_the_key_in_the_run_dir(
         out = client.generate([GenRequest([5, 6, 7], SamplingParams(max_tokens=2, n=2))])
     finally:
         client.shutdown()
-    assert [len(c.token_ids) for c in out[0]] == [2, 2]
+    assert len(out[0]) == 2  # both samples, generated (one may stop at EOS after one token)
+    assert all(c.finish_reason != "abort" and 1 <= len(c.token_ids) <= 2 for c in out[0])
     # without any key the client says where one comes from
     other = run.parent / "elsewhere"
     cfg.sync_dir = str(other / "rollout_weights")

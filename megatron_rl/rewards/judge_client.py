@@ -57,7 +57,13 @@ class JudgeClient:
     async def _connect(self, key: str | None) -> str:
         errors = []
         for url in self.cfg.urls:
-            client = SGLangClient(url, self.cfg.sglang, self.cfg.request_timeout_s, api_key=key)
+            client = SGLangClient(
+                url,
+                self.cfg.sglang,
+                self.cfg.request_timeout_s,
+                api_key=key,
+                key_setting="rewards.judge.api_key_file",
+            )
             try:
                 await self._probe(client)
             except (RetryableError, ValueError) as e:
@@ -75,11 +81,7 @@ class JudgeClient:
             raise ValueError(f"{client.url}/health answered {status}: {text[:100]}")
         status, _ = await client._get(f"{client.url}/get_model_info")  # needs the key
         if status in (401, 403):
-            sent = "refused the API key sent" if client.headers else "needs an API key"
-            raise ValueError(
-                f"judge server {client.url} answered {status}: it {sent}; set "
-                "$MEGATRON_RL_API_KEY or rewards.judge.api_key_file to the server's key"
-            )
+            raise ValueError(client.unauthorized(f"judge server {client.url}", status))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)

@@ -107,6 +107,7 @@ class EmbeddedServer:
         self.weight_version = "default"
         self.stats = {"requests": 0, "batches": 0, "aborted": 0, "weight_updates": 0}
         self.stats |= {"batch_splits": 0, "failed": 0, "abort_requests": 0, "health_checks": 0}
+        self.stats["busy"] = 0  # requests answered 429 (the queue was full)
         self.limits = Limits(
             engine.vocab_size or None,
             engine.context_len,
@@ -132,7 +133,7 @@ class EmbeddedServer:
             return error_response(400, str(e))
         samples = sum(q.params.n for q in parsed.requests)
         if not self.queued.take(samples):
-            self.stats["busy"] = self.stats.get("busy", 0) + 1
+            self.stats["busy"] += 1
             return busy(self.queued, samples)
         try:
             return await self._generate(request, parsed)

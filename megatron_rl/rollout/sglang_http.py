@@ -42,9 +42,11 @@ class SGLangClient:
         request_timeout_s: float,
         routes_shape: tuple[int, int] | None = None,
         api_key: str | None = None,
+        key_setting: str = "rollout.sglang.api_key_file",
     ) -> None:
         self.url = url.rstrip("/")
         self.headers = bearer(api_key)  # on every request (rollout/auth.py)
+        self.key_setting = key_setting  # the config key a 401/403 tells the user to set
         self.cfg = cfg
         self.routes_shape = routes_shape  # (layers, top-k): ask for routed experts (MoE)
         self.timeout = aiohttp.ClientTimeout(
@@ -86,7 +88,7 @@ class SGLangClient:
                         self.metrics["busy"] += 1
                     raise RetryableError(f"{url} answered {resp.status}: {text[:200]}")
                 if resp.status in (401, 403):
-                    raise ValueError(unauthorized(url, resp.status, bool(self.headers)))
+                    raise ValueError(self.unauthorized(url, resp.status))
                 if resp.status >= 400:
                     raise ValueError(f"{url} rejected the request ({resp.status}): {text[:300]}")
         except (TimeoutError, aiohttp.ClientError) as e:
@@ -121,6 +123,14 @@ class SGLangClient:
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.cfg.retry_max_backoff_s)
         raise AssertionError("unreachable")
+
+    def unauthorized(self, url: str, status: int) -> str:
+        """The error for a 401/403: whether a key was sent, and where a key comes from."""
+        what = "refused the API key sent" if self.headers else "needs an API key and none was found"
+        return (
+            f"{url} answered {status}: it {what}; set $MEGATRON_RL_API_KEY or "
+            f"{self.key_setting} to the server's key (a fleet's is its <run-dir>/api_key)"
+        )
 
     # ---- generation -----------------------------------------------------------------------
     async def generate_one(self, input_ids: list[int], sp: dict[str, Any], rid: str) -> Completion:
@@ -242,7 +252,7 @@ class SGLangClient:
         """The servers behind the router (``GET /workers``), or [url] for a bare server."""
         status, text = await self._get(f"{self.url}/workers")
         if status in (401, 403):
-            raise ValueError(unauthorized(f"{self.url}/workers", status, bool(self.headers)))
+            raise ValueError(self.unauthorized(f"{self.url}/workers", status))
         if status == 200:
             data = json.loads(text)
             return [w["url"].rstrip("/") for w in data.get("workers", [])]
@@ -296,15 +306,6 @@ class SGLangClient:
                 raise RuntimeError(f"{url} failed to load weights from {path}: {out}")
 
         await asyncio.gather(*(one(u) for u in urls))
-
-
-def unauthorized(url: str, status: int, sent_key: bool) -> str:
-    """The error for a 401/403: which key was (not) sent and where a key comes from."""
-    what = "refused the API key sent" if sent_key else "needs an API key and none was found"
-    return (
-        f"{url} answered {status}: it {what}; set $MEGATRON_RL_API_KEY or "
-        "rollout.sglang.api_key_file to the fleet's key (its <run-dir>/api_key)"
-    )
 
 
 def to_sampling_params(req: GenRequest, seed: int | None) -> dict[str, Any]:
